@@ -1,0 +1,255 @@
+//! ONNX models through ONNX Runtime (`ort`, loaded at run time). The only file that names `ort`.
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::OnceLock,
+};
+
+use bytes::Bytes;
+use half::{bf16, f16};
+use ort::{
+    environment::Environment,
+    session::{
+        HasSelectedOutputs, OutputSelector, RunOptions, Session, SessionInputValue,
+        builder::{GraphOptimizationLevel, SessionBuilder},
+    },
+    value::{DynTensor, DynTensorValueType, DynValue, PrimitiveTensorElementType, Tensor as OrtTensor, TensorElementType, TensorRef, ValueType},
+};
+
+use super::{Backend, BackendInput, Device, InstanceSpec, ModelInstance, ModelIo, TensorInfo, ort_library};
+use crate::{
+    error::{Error, Result},
+    proto::inference::ModelConfig,
+    tensor::{DataType, Tensor, bytes_elements, push_bytes_element},
+};
+
+pub struct OnnxBackend {
+    library: Option<PathBuf>,
+    environment: OnceLock<Result<Environment, String>>,
+}
+
+impl OnnxBackend {
+    /// `library`: the configured ONNX Runtime path; None = discover it.
+    pub fn new(library: Option<PathBuf>) -> Self {
+        OnnxBackend { library, environment: OnceLock::new() }
+    }
+
+    /// Loads the library once; every later call returns the same outcome.
+    pub fn environment(&self) -> Result<&Environment> {
+        self.environment
+            .get_or_init(|| {
+                let located = ort_library::locate(self.library.as_deref())?;
+                tracing::info!(path = %located.path.display(), source = located.source, "loading ONNX Runtime");
+                let builder = ort::init_from(&located.path)
+                    .map_err(|e| format!("cannot load ONNX Runtime from '{}': {e}", located.path.display()))?;
+                builder
+                    .with_name("ferry")
+                    .build()
+                    .map_err(|e| format!("cannot start ONNX Runtime from '{}': {e}", located.path.display()))
+            })
+            .as_ref()
+            .map_err(|e| Error::unavailable(e.clone()))
+    }
+
+    fn session(&self, path: &Path, config: Option<&ModelConfig>, threads: usize) -> Result<Session> {
+        let env = self.environment()?;
+        let ort_err = |e: ort::Error<SessionBuilder>| Error::internal(format!("ONNX Runtime session options: {e}"));
+        let mut builder = Session::builder(env).map_err(|e| Error::internal(e.to_string()))?;
+        let param = |key: &str| config.and_then(|c| c.parameters.get(key)).map(|p| p.string_value.as_str());
+        let intra = param("intra_op_thread_count").and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
+        builder = builder.with_intra_threads(intra.unwrap_or(threads)).map_err(ort_err)?;
+        let inter = param("inter_op_thread_count").and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
+        builder = builder.with_inter_threads(inter.unwrap_or(1)).map_err(ort_err)?;
+        if param("execution_mode") == Some("1") {
+            builder = builder.with_parallel_execution(true).map_err(ort_err)?;
+        }
+        let level = config.and_then(|c| c.optimization.as_ref()).and_then(|o| o.graph.as_ref()).map_or(0, |g| g.level);
+        let level = match level {
+            -1 => GraphOptimizationLevel::Level1,
+            1 => GraphOptimizationLevel::Level2,
+            2 => GraphOptimizationLevel::Disable,
+            _ => GraphOptimizationLevel::All,
+        };
+        builder = builder.with_optimization_level(level).map_err(ort_err)?;
+        builder
+            .commit_from_file(path)
+            .map_err(|e| Error::invalid(format!("ONNX Runtime cannot load '{}': {e}", path.display())))
+    }
+}
+
+impl Backend for OnnxBackend {
+    fn name(&self) -> &'static str {
+        "onnxruntime"
+    }
+
+    fn model_io(&self, model_path: &Path) -> Result<ModelIo> {
+        Ok(io_of(&self.session(model_path, None, 1)?))
+    }
+
+    fn load(&self, spec: &InstanceSpec<'_>) -> Result<Box<dyn ModelInstance>> {
+        if let Device::Gpu(id) = spec.device {
+            return Err(Error::unsupported(format!("GPU {id}: this ferry build runs ONNX models on CPU only")));
+        }
+        let session = self.session(spec.model_path, Some(spec.config), spec.intra_op_threads)?;
+        Ok(Box::new(OnnxInstance { session, selections: HashMap::new() }))
+    }
+}
+
+fn datatype(t: TensorElementType) -> Option<DataType> {
+    Some(match t {
+        TensorElementType::Bool => DataType::Bool,
+        TensorElementType::Uint8 => DataType::Uint8,
+        TensorElementType::Uint16 => DataType::Uint16,
+        TensorElementType::Uint32 => DataType::Uint32,
+        TensorElementType::Uint64 => DataType::Uint64,
+        TensorElementType::Int8 => DataType::Int8,
+        TensorElementType::Int16 => DataType::Int16,
+        TensorElementType::Int32 => DataType::Int32,
+        TensorElementType::Int64 => DataType::Int64,
+        TensorElementType::Float16 => DataType::Fp16,
+        TensorElementType::Float32 => DataType::Fp32,
+        TensorElementType::Float64 => DataType::Fp64,
+        TensorElementType::String => DataType::Bytes,
+        TensorElementType::Bfloat16 => DataType::Bf16,
+        _ => return None,
+    })
+}
+
+fn io_of(session: &Session) -> ModelIo {
+    let info = |o: &ort::value::Outlet| match o.dtype() {
+        ValueType::Tensor { ty, shape, .. } => {
+            TensorInfo { name: o.name().to_string(), datatype: datatype(*ty), shape: shape.to_vec() }
+        }
+        _ => TensorInfo { name: o.name().to_string(), datatype: None, shape: Vec::new() },
+    };
+    ModelIo { inputs: session.inputs().iter().map(info).collect(), outputs: session.outputs().iter().map(info).collect() }
+}
+
+struct OnnxInstance {
+    session: Session,
+    /// Run options per set of selected outputs, made once.
+    selections: HashMap<Vec<String>, RunOptions<HasSelectedOutputs>>,
+}
+
+impl ModelInstance for OnnxInstance {
+    fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
+        let values = inputs
+            .iter()
+            .map(|i| Ok((i.name, input_value(i)?)))
+            .collect::<Result<Vec<(&str, SessionInputValue<'_>)>>>()?;
+        let key: Vec<String> = outputs.iter().map(|s| s.to_string()).collect();
+        if !self.selections.contains_key(&key) {
+            let selector = outputs.iter().fold(OutputSelector::no_default(), |s, name| s.with(*name));
+            let options = RunOptions::new().map_err(|e| Error::internal(e.to_string()))?.with_outputs(selector);
+            self.selections.insert(key.clone(), options);
+        }
+        let options = &self.selections[&key];
+        let mut results = self
+            .session
+            .run_with_options(values, options)
+            .map_err(|e| Error::internal(format!("ONNX Runtime failed to run the model: {e}")))?;
+        outputs
+            .iter()
+            .map(|name| {
+                let value = results
+                    .remove(*name)
+                    .ok_or_else(|| Error::internal(format!("ONNX Runtime returned no output '{name}'")))?;
+                output_tensor(name, value)
+            })
+            .collect()
+    }
+}
+
+fn input_value<'a>(input: &BackendInput<'a>) -> Result<SessionInputValue<'a>> {
+    let shape = input.shape.to_vec();
+    let data = input.data;
+    let value = match input.datatype {
+        DataType::Fp32 => typed::<f32>(shape, data),
+        DataType::Fp64 => typed::<f64>(shape, data),
+        DataType::Fp16 => typed::<f16>(shape, data),
+        DataType::Bf16 => typed::<bf16>(shape, data),
+        DataType::Int8 => typed::<i8>(shape, data),
+        DataType::Int16 => typed::<i16>(shape, data),
+        DataType::Int32 => typed::<i32>(shape, data),
+        DataType::Int64 => typed::<i64>(shape, data),
+        DataType::Uint8 => typed::<u8>(shape, data),
+        DataType::Uint16 => typed::<u16>(shape, data),
+        DataType::Uint32 => typed::<u32>(shape, data),
+        DataType::Uint64 => typed::<u64>(shape, data),
+        DataType::Bool => {
+            // Validation guarantees every byte is 0 or 1, which are exactly the valid bools.
+            let bools = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<bool>(), data.len()) };
+            TensorRef::from_array_view((shape, bools)).map(SessionInputValue::from)
+        }
+        DataType::Bytes => {
+            let strings = bytes_elements(data)
+                .enumerate()
+                .map(|(n, e)| {
+                    let e = e?;
+                    String::from_utf8(e.to_vec()).map_err(|_| {
+                        Error::invalid(format!(
+                            "input '{}' element {n} is not valid UTF-8; ONNX string tensors hold UTF-8 text",
+                            input.name
+                        ))
+                    })
+                })
+                .collect::<Result<Vec<String>>>()?;
+            OrtTensor::from_string_array((shape, &strings[..])).map(SessionInputValue::from)
+        }
+    };
+    value.map_err(|e| Error::internal(format!("input '{}': {e}", input.name)))
+}
+
+/// A view of the wire bytes when they are aligned for `T`; otherwise one copy.
+fn typed<'a, T>(shape: Vec<i64>, data: &'a [u8]) -> ort::Result<SessionInputValue<'a>>
+where
+    T: PrimitiveTensorElementType + bytemuck::Pod + std::fmt::Debug,
+{
+    match bytemuck::try_cast_slice::<u8, T>(data) {
+        Ok(view) => TensorRef::from_array_view((shape, view)).map(SessionInputValue::from),
+        Err(_) => {
+            let owned: Vec<T> = bytemuck::pod_collect_to_vec(data);
+            OrtTensor::from_array((shape, owned)).map(SessionInputValue::from)
+        }
+    }
+}
+
+/// Keeps an ONNX Runtime output alive while its bytes are used, so the reply needs no copy.
+struct OrtBytes {
+    tensor: DynTensor,
+    len: usize,
+}
+
+impl AsRef<[u8]> for OrtBytes {
+    fn as_ref(&self) -> &[u8] {
+        let ptr = self.tensor.data_ptr().cast::<u8>();
+        if self.len == 0 || ptr.is_null() {
+            return &[];
+        }
+        // The tensor owns `len` bytes of CPU memory at `ptr` for as long as it lives.
+        unsafe { std::slice::from_raw_parts(ptr, self.len) }
+    }
+}
+
+fn output_tensor(name: &str, value: DynValue) -> Result<Tensor> {
+    let (ty, shape) = match value.dtype() {
+        ValueType::Tensor { ty, shape, .. } => (*ty, shape.to_vec()),
+        other => return Err(Error::internal(format!("model output '{name}' is {other:?}, not a tensor"))),
+    };
+    let datatype =
+        datatype(ty).ok_or_else(|| Error::internal(format!("model output '{name}' has unsupported element type {ty:?}")))?;
+    let data = if datatype == DataType::Bytes {
+        let (_, strings) = value.try_extract_strings().map_err(|e| Error::internal(format!("output '{name}': {e}")))?;
+        let mut buf = Vec::with_capacity(strings.iter().map(|s| s.len() + 4).sum());
+        for s in &strings {
+            push_bytes_element(&mut buf, s.as_bytes());
+        }
+        Bytes::from(buf)
+    } else {
+        let elements: usize = shape.iter().map(|&d| d.max(0) as usize).product();
+        let len = elements * datatype.size().unwrap_or(0);
+        let tensor = value.downcast::<DynTensorValueType>().map_err(|e| Error::internal(format!("output '{name}': {e}")))?;
+        Bytes::from_owner(OrtBytes { tensor, len })
+    };
+    Ok(Tensor { name: name.to_string(), datatype, shape, data })
+}

@@ -1,0 +1,124 @@
+//! A loaded model version as the core sees it: the tensor schema requests are checked against
+//! (derived once from the effective config), its scheduler, and its statistics.
+use std::sync::Arc;
+
+use crate::{
+    error::{Error, Result},
+    proto::inference::{ModelConfig, ModelInput, ModelOutput},
+    scheduler::Scheduler,
+    stats::Stats,
+    tensor::DataType,
+};
+
+/// One input or output as requests see it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub datatype: DataType,
+    /// Config dims, without the implicit batch dim; -1 = variable.
+    pub dims: Vec<i64>,
+    /// The shape the model itself sees (config `reshape`), without the batch dim.
+    pub reshape: Option<Vec<i64>>,
+    pub optional: bool,
+    /// Requests with different shapes of this input may share a batch.
+    pub allow_ragged_batch: bool,
+    /// Class labels for the classification extension (outputs only), line i = class i.
+    pub labels: Arc<Vec<String>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Schema {
+    /// 0 = the model does not batch; requests' shapes are taken as they are.
+    pub max_batch_size: usize,
+    pub inputs: Vec<TensorSpec>,
+    pub outputs: Vec<TensorSpec>,
+}
+
+impl Schema {
+    /// Builds the schema from a validated, effective config. `labels` gives each output's label
+    /// lines (same order as `config.output`).
+    pub fn from_config(config: &ModelConfig, mut labels: Vec<Vec<String>>) -> Result<Schema> {
+        labels.resize(config.output.len(), Vec::new());
+        let inputs = config.input.iter().map(input_spec).collect::<Result<Vec<_>>>()?;
+        let outputs = config
+            .output
+            .iter()
+            .zip(labels)
+            .map(|(o, l)| output_spec(o, l))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Schema { max_batch_size: usize::try_from(config.max_batch_size).unwrap_or(0), inputs, outputs })
+    }
+
+    pub fn batching(&self) -> bool {
+        self.max_batch_size > 0
+    }
+
+    pub fn input_index(&self, name: &str) -> Option<usize> {
+        self.inputs.iter().position(|t| t.name == name)
+    }
+
+    pub fn output_index(&self, name: &str) -> Option<usize> {
+        self.outputs.iter().position(|t| t.name == name)
+    }
+
+    /// The shape as clients see it: `[-1] + dims` for batching models.
+    pub fn client_shape(&self, spec: &TensorSpec) -> Vec<i64> {
+        let mut shape = Vec::with_capacity(spec.dims.len() + 1);
+        if self.batching() {
+            shape.push(-1);
+        }
+        shape.extend_from_slice(&spec.dims);
+        shape
+    }
+}
+
+fn datatype(n: i32, what: &str, name: &str) -> Result<DataType> {
+    DataType::from_config(n).ok_or_else(|| Error::invalid(format!("{what} '{name}' has no valid data_type")))
+}
+
+fn input_spec(i: &ModelInput) -> Result<TensorSpec> {
+    Ok(TensorSpec {
+        name: i.name.clone(),
+        datatype: datatype(i.data_type, "input", &i.name)?,
+        dims: i.dims.clone(),
+        reshape: i.reshape.as_ref().map(|r| r.shape.clone()),
+        optional: i.optional,
+        allow_ragged_batch: i.allow_ragged_batch,
+        labels: Arc::default(),
+    })
+}
+
+fn output_spec(o: &ModelOutput, labels: Vec<String>) -> Result<TensorSpec> {
+    Ok(TensorSpec {
+        name: o.name.clone(),
+        datatype: datatype(o.data_type, "output", &o.name)?,
+        dims: o.dims.clone(),
+        reshape: o.reshape.as_ref().map(|r| r.shape.clone()),
+        optional: false,
+        allow_ragged_batch: false,
+        labels: Arc::new(labels),
+    })
+}
+
+/// A version that is loaded and can serve. Dropping the last reference stops nothing by itself:
+/// the registry calls `retire` when the version leaves service.
+pub struct ModelVersion {
+    pub name: String,
+    pub version: u64,
+    pub config: Arc<ModelConfig>,
+    pub schema: Arc<Schema>,
+    pub scheduler: Scheduler,
+    pub stats: Arc<Stats>,
+}
+
+impl ModelVersion {
+    /// What metadata reports as the platform: `platform`, else `backend`.
+    pub fn platform(&self) -> &str {
+        if self.config.platform.is_empty() { &self.config.backend } else { &self.config.platform }
+    }
+
+    /// Stops taking requests, lets admitted ones finish, and releases the instances.
+    pub fn retire(&self) {
+        self.scheduler.stop();
+    }
+}

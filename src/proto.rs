@@ -1,0 +1,15 @@
+//! Types generated from proto/ (package `inference`), and the descriptor pool that reflection needs.
+use std::sync::LazyLock;
+
+use prost_reflect::DescriptorPool;
+
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod inference {
+    include!(concat!(env!("OUT_DIR"), "/inference.rs"));
+}
+
+/// Every message of proto/, for text-format parsing and JSON printing through prost-reflect.
+pub static DESCRIPTORS: LazyLock<DescriptorPool> = LazyLock::new(|| {
+    DescriptorPool::decode(&include_bytes!(concat!(env!("OUT_DIR"), "/ferry_descriptor.bin"))[..])
+        .expect("the descriptor set built by build.rs decodes")
+});

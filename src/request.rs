@@ -1,0 +1,98 @@
+//! The protocol-neutral inference request and response that every front-end translates to and
+//! from. Plain data: no framework types, no validation (see `validate`).
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+
+use crate::tensor::{DataType, Tensor};
+
+/// A request parameter value (the union of what HTTP JSON and gRPC InferParameter can carry).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ParamValue {
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Double(f64),
+    String(String),
+}
+
+impl ParamValue {
+    /// The value as an unsigned integer, when it is a non-negative integer.
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            ParamValue::Uint(v) => Some(v),
+            ParamValue::Int(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+}
+
+pub type Parameters = BTreeMap<String, ParamValue>;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputTensor {
+    pub name: String,
+    pub datatype: DataType,
+    pub shape: Vec<i64>,
+    pub data: Bytes,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RequestedOutput {
+    pub name: String,
+    /// Top-K classification instead of the raw tensor (`classification` parameter).
+    pub classification: Option<u32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct InferRequest {
+    pub model_name: String,
+    /// None: the highest-numbered ready version.
+    pub model_version: Option<u64>,
+    pub id: String,
+    pub parameters: Parameters,
+    pub inputs: Vec<InputTensor>,
+    /// Empty: every output of the model, in config order.
+    pub outputs: Vec<RequestedOutput>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct InferResponse {
+    pub model_name: String,
+    pub model_version: u64,
+    pub id: String,
+    pub parameters: Parameters,
+    pub outputs: Vec<Tensor>,
+}
+
+/// Parses a version string from a URL or a gRPC field: empty means "let the server choose".
+pub fn parse_version(model: &str, version: &str) -> crate::error::Result<Option<u64>> {
+    if version.is_empty() {
+        return Ok(None);
+    }
+    version.parse::<u64>().map(Some).map_err(|_| {
+        crate::error::Error::invalid(format!(
+            "invalid model version '{version}' for model '{model}': expected a non-negative integer"
+        ))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn versions() {
+        assert_eq!(parse_version("m", "").unwrap(), None);
+        assert_eq!(parse_version("m", "3").unwrap(), Some(3));
+        let err = parse_version("m", "-1").unwrap_err();
+        assert!(err.message().contains("'-1'") && err.message().contains("'m'"));
+    }
+
+    #[test]
+    fn param_as_u64() {
+        assert_eq!(ParamValue::Int(5).as_u64(), Some(5));
+        assert_eq!(ParamValue::Int(-5).as_u64(), None);
+        assert_eq!(ParamValue::String("5".into()).as_u64(), None);
+    }
+}

@@ -1,0 +1,209 @@
+//! Runs one batch on an instance: each request's rows are copied once into the batch buffer (no
+//! copy for a batch of one), outputs are split back per request as zero-copy slices.
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::{Job, ModelContext};
+use crate::{
+    backend::{BackendInput, ModelInstance},
+    classify::classify,
+    error::{Error, Result},
+    model::{Schema, TensorSpec},
+    request::InferResponse,
+    stats::PhaseTimes,
+    tensor::{DataType, Tensor, bytes_element_offsets, element_count},
+};
+
+/// A batch input: the request's own bytes, or rows gathered into one 8-byte-aligned buffer.
+enum Buffer {
+    Shared(Bytes),
+    Gathered(Vec<u64>, usize),
+}
+
+impl Buffer {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Buffer::Shared(b) => b,
+            Buffer::Gathered(words, len) => &bytemuck::cast_slice(words)[..*len],
+        }
+    }
+}
+
+pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, jobs: Vec<Job>) {
+    let start = Instant::now();
+    let schema = &ctx.schema;
+    let rows: usize = jobs.iter().map(|j| j.req.rows).sum();
+    let wanted = wanted_outputs(&jobs);
+    let assembled = assemble(schema, &jobs, rows);
+    let inputs: Vec<BackendInput<'_>> = assembled
+        .iter()
+        .map(|(i, shape, buf)| BackendInput {
+            name: &schema.inputs[*i].name,
+            datatype: schema.inputs[*i].datatype,
+            shape,
+            data: buf.bytes(),
+        })
+        .collect();
+    let names: Vec<&str> = wanted.iter().map(|&i| schema.outputs[i].name.as_str()).collect();
+    let input_done = Instant::now();
+    let result = instance.execute(&inputs, &names);
+    let infer_done = Instant::now();
+    drop(inputs);
+    drop(assembled);
+    let outputs = match result.and_then(|outs| check_outputs(ctx, &wanted, outs, rows)) {
+        Ok(outs) => outs,
+        Err(e) => {
+            tracing::debug!(model = %ctx.name, version = ctx.version, error = %e, "batch failed");
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+            return;
+        }
+    };
+    let mut offset = 0;
+    let replies: Vec<_> = jobs
+        .into_iter()
+        .map(|job| {
+            let response = respond(ctx, &job, &wanted, &outputs, offset, rows);
+            offset += job.req.rows;
+            (job, response)
+        })
+        .collect();
+    let queued: Vec<_> = replies.iter().map(|(j, _)| start.saturating_duration_since(j.enqueued)).collect();
+    let phases =
+        PhaseTimes { input: input_done - start, infer: infer_done - input_done, output: infer_done.elapsed() };
+    ctx.stats.record_execution(rows as u64, &queued, phases);
+    for (job, response) in replies {
+        let _ = job.reply.send(response);
+    }
+}
+
+/// Schema indices of every output some request of the batch asked for, in schema order.
+fn wanted_outputs(jobs: &[Job]) -> Vec<usize> {
+    let mut wanted: Vec<usize> = jobs.iter().flat_map(|j| j.req.outputs.iter().map(|o| o.index)).collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    wanted
+}
+
+fn assemble(schema: &Schema, jobs: &[Job], rows: usize) -> Vec<(usize, Vec<i64>, Buffer)> {
+    let first = &jobs[0].req;
+    (0..schema.inputs.len())
+        .filter_map(|i| {
+            let head = first.inputs[i].as_ref()?;
+            if jobs.len() == 1 {
+                return Some((i, head.shape.clone(), Buffer::Shared(head.data.clone())));
+            }
+            let len: usize = jobs.iter().filter_map(|j| j.req.inputs[i].as_ref()).map(|t| t.data.len()).sum();
+            let mut words = vec![0u64; len.div_ceil(8)];
+            let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+            let mut at = 0;
+            for t in jobs.iter().filter_map(|j| j.req.inputs[i].as_ref()) {
+                bytes[at..at + t.data.len()].copy_from_slice(&t.data);
+                at += t.data.len();
+            }
+            let mut shape = head.shape.clone();
+            shape[0] = rows as i64;
+            Some((i, shape, Buffer::Gathered(words, len)))
+        })
+        .collect()
+}
+
+/// Checks what the backend returned against the config, and maps them by schema index.
+fn check_outputs(ctx: &ModelContext, wanted: &[usize], outs: Vec<Tensor>, rows: usize) -> Result<Vec<Tensor>> {
+    if outs.len() != wanted.len() {
+        return Err(Error::internal(format!(
+            "model '{}' returned {} outputs, expected {}",
+            ctx.name,
+            outs.len(),
+            wanted.len()
+        )));
+    }
+    for (t, &i) in outs.iter().zip(wanted) {
+        let spec = &ctx.schema.outputs[i];
+        if t.datatype != spec.datatype {
+            return Err(Error::internal(format!(
+                "model '{}' output '{}' is {} but its config says {}",
+                ctx.name,
+                spec.name,
+                t.datatype.wire(),
+                spec.datatype.wire()
+            )));
+        }
+        if ctx.schema.batching() && t.shape.first().copied() != Some(rows as i64) {
+            return Err(Error::internal(format!(
+                "model '{}' output '{}' has shape {:?}, whose first dim should be the batch size {rows}",
+                ctx.name, spec.name, t.shape
+            )));
+        }
+    }
+    Ok(outs)
+}
+
+fn respond(ctx: &ModelContext, job: &Job, wanted: &[usize], outs: &[Tensor], offset: usize, rows: usize) -> Result<InferResponse> {
+    let schema = &ctx.schema;
+    let outputs = job
+        .req
+        .outputs
+        .iter()
+        .map(|o| {
+            let t = &outs[wanted.binary_search(&o.index).expect("every requested output was run")];
+            let spec = &schema.outputs[o.index];
+            let mut part = if schema.batching() && rows != job.req.rows {
+                slice_rows(t, offset, job.req.rows, rows)?
+            } else {
+                t.clone()
+            };
+            part.shape = client_shape(spec, schema.batching(), &part.shape);
+            match o.classification {
+                Some(k) => classify(&part, schema.batching(), k as usize, &spec.labels),
+                None => Ok(part),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(InferResponse {
+        model_name: ctx.name.clone(),
+        model_version: ctx.version,
+        id: job.req.id.clone(),
+        parameters: Default::default(),
+        outputs,
+    })
+}
+
+/// Rows `[offset, offset + n)` of a batched output, without copying.
+fn slice_rows(t: &Tensor, offset: usize, n: usize, rows: usize) -> Result<Tensor> {
+    let range = if t.datatype == DataType::Bytes {
+        let offsets = bytes_element_offsets(&t.data)?;
+        let per_row = (offsets.len() - 1) / rows.max(1);
+        offsets[offset * per_row]..offsets[(offset + n) * per_row]
+    } else {
+        let per_row = t.data.len() / rows.max(1);
+        offset * per_row..(offset + n) * per_row
+    };
+    let mut shape = t.shape.clone();
+    shape[0] = n as i64;
+    Ok(Tensor { name: t.name.clone(), datatype: t.datatype, shape, data: t.data.slice(range) })
+}
+
+/// An output with a config `reshape` goes back to clients in its `dims` shape.
+fn client_shape(spec: &TensorSpec, batching: bool, model_shape: &[i64]) -> Vec<i64> {
+    if spec.reshape.is_none() {
+        return model_shape.to_vec();
+    }
+    let batch: Vec<i64> = if batching { model_shape.first().copied().into_iter().collect() } else { Vec::new() };
+    let mut shape = batch.clone();
+    shape.extend_from_slice(&spec.dims);
+    let unknown = spec.dims.iter().filter(|&&d| d == -1).count();
+    if unknown == 0 {
+        return shape;
+    }
+    let total = element_count(model_shape).unwrap_or(0) as i64;
+    let known: i64 = shape.iter().filter(|&&d| d != -1).product();
+    if unknown == 1 && known > 0 {
+        shape.iter_mut().filter(|d| **d == -1).for_each(|d| *d = total / known);
+        shape
+    } else {
+        model_shape.to_vec()
+    }
+}
