@@ -7,6 +7,7 @@ use prost::Message;
 const PROTOS: &[&str] = &["proto/model_config.proto"];
 
 fn main() {
+    embed_examples();
     for proto in PROTOS {
         println!("cargo:rerun-if-changed={proto}");
     }
@@ -17,4 +18,46 @@ fn main() {
         .build_client(false)
         .compile_fds(fds)
         .expect("generate Rust from proto/");
+}
+
+/// Lists every file of the example model folders in examples/ so the binary can serve them with no
+/// repository on disk (top-level files of examples/, such as scripts, are not models).
+fn embed_examples() {
+    println!("cargo:rerun-if-changed=examples");
+    let root =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("manifest dir")).join("examples");
+    let mut files = Vec::new();
+    if let Ok(entries) = fs::read_dir(&root) {
+        for entry in entries.flatten().filter(|e| e.path().is_dir()) {
+            collect(&entry.path(), &mut files);
+        }
+    }
+    files.sort();
+    let mut code = String::from("pub static FILES: &[(&str, &[u8])] = &[\n");
+    for file in &files {
+        println!("cargo:rerun-if-changed={}", file.display());
+        let rel = file
+            .strip_prefix(&root)
+            .expect("under examples/")
+            .to_string_lossy()
+            .replace('\\', "/");
+        code.push_str(&format!(
+            "    ({rel:?}, include_bytes!({:?})),\n",
+            file.display().to_string()
+        ));
+    }
+    code.push_str("];\n");
+    let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
+    fs::write(out.join("embedded_examples.rs"), code).expect("write embedded_examples.rs");
+}
+
+fn collect(dir: &std::path::Path, files: &mut Vec<PathBuf>) {
+    for entry in fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            collect(&path, files);
+        } else {
+            files.push(path);
+        }
+    }
 }

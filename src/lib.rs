@@ -6,14 +6,19 @@
 //! reply is split per request and encoded back by the front-end. `repository` turns model
 //! repositories into loaded, ready model versions. Data types (`tensor`, `error`) depend on
 //! nothing.
+pub mod backend;
+pub mod classify;
+pub mod config;
+pub mod engine;
 pub mod error;
+pub mod frontend;
+pub mod model;
 pub mod proto;
 pub mod repository;
-pub mod tensor;
-pub mod backend;
-pub mod model;
 pub mod request;
 pub mod scheduler;
+pub mod server;
 pub mod stats;
+pub mod telemetry;
+pub mod tensor;
 pub mod validate;
-pub mod classify;

@@ -1,1 +1,51 @@
-fn main() {}
+//! The `ferry` binary: parse the configuration, start logging, run the server until a signal.
+use std::process::ExitCode;
+
+use ferry::{config::Config, server, telemetry};
+
+fn main() -> ExitCode {
+    let config = match Config::from_args(std::env::args_os()) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    telemetry::init(config.log_verbose, config.log_filter.as_deref());
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("ferry: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(server::run(config, shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Ctrl-C or SIGTERM (what container platforms send before they stop a container).
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

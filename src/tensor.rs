@@ -42,7 +42,10 @@ const TABLE: [(DataType, &str, i32, &str, usize); 14] = [
 
 impl DataType {
     fn row(self) -> &'static (DataType, &'static str, i32, &'static str, usize) {
-        TABLE.iter().find(|r| r.0 == self).expect("every datatype has a row")
+        TABLE
+            .iter()
+            .find(|r| r.0 == self)
+            .expect("every datatype has a row")
     }
     /// Parses a protocol datatype string (`FP32`, `BYTES`, ...), exact and case-sensitive.
     pub fn from_wire(s: &str) -> Option<Self> {
@@ -72,7 +75,9 @@ impl DataType {
 
 /// Number of elements of a shape, or None when a dim is negative or the product overflows.
 pub fn element_count(shape: &[i64]) -> Option<usize> {
-    shape.iter().try_fold(1usize, |acc, &d| usize::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
+    shape.iter().try_fold(1usize, |acc, &d| {
+        usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
+    })
 }
 
 /// Formats a shape as Triton prints it: `[-1,16]`.
@@ -104,7 +109,9 @@ impl<'a> Iterator for BytesElements<'a> {
         }
         if self.rest.len() < 4 {
             self.rest = &[];
-            return Some(Err(Error::invalid("BYTES element is cut short: fewer than 4 length bytes remain")));
+            return Some(Err(Error::invalid(
+                "BYTES element is cut short: fewer than 4 length bytes remain",
+            )));
         }
         let len = u32::from_le_bytes(self.rest[..4].try_into().expect("4 bytes")) as usize;
         if self.rest.len() - 4 < len {

@@ -56,6 +56,11 @@ pub struct InstanceSpec<'a> {
 pub trait ModelInstance: Send {
     /// Runs one batch and returns the named outputs, in the order asked.
     fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>>;
+
+    /// What the loaded model declares, when the backend can tell (checked against the config).
+    fn model_io(&self) -> Option<ModelIo> {
+        None
+    }
 }
 
 pub trait Backend: Send + Sync {
@@ -79,13 +84,17 @@ impl Backends {
     }
 
     pub fn get(&self, name: &str) -> Result<Arc<dyn Backend>> {
-        self.all.iter().find(|b| b.name() == name).cloned().ok_or_else(|| {
-            let known: Vec<&str> = self.all.iter().map(|b| b.name()).collect();
-            Error::unsupported(format!(
-                "backend '{name}' is not available in ferry (available: {})",
-                known.join(", ")
-            ))
-        })
+        self.all
+            .iter()
+            .find(|b| b.name() == name)
+            .cloned()
+            .ok_or_else(|| {
+                let known: Vec<&str> = self.all.iter().map(|b| b.name()).collect();
+                Error::unsupported(format!(
+                    "backend '{name}' is not available in ferry (available: {})",
+                    known.join(", ")
+                ))
+            })
     }
 }
 pub mod ort_library;

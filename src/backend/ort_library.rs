@@ -18,15 +18,24 @@ pub fn locate(configured: Option<&Path>) -> Result<Located, String> {
             .map(|path| Located { path, source: "--onnxruntime-library / ORT_DYLIB_PATH" })
             .ok_or_else(|| format!("no ONNX Runtime library at '{}' (set by --onnxruntime-library or ORT_DYLIB_PATH)", path.display()));
     }
-    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
+    if let Some(dir) = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(Path::to_path_buf))
+    {
         for candidate in [dir.clone(), dir.join("lib"), dir.join("../lib")] {
             if let Some(path) = find_in_dir(&candidate) {
-                return Ok(Located { path, source: "next to the ferry binary" });
+                return Ok(Located {
+                    path,
+                    source: "next to the ferry binary",
+                });
             }
         }
     }
     if let Some(path) = python_package() {
-        return Ok(Located { path, source: "the Python onnxruntime package" });
+        return Ok(Located {
+            path,
+            source: "the Python onnxruntime package",
+        });
     }
     Err("ONNX Runtime library not found. Pass --onnxruntime-library=/path/to/libonnxruntime.so (or set \
          ORT_DYLIB_PATH), place libonnxruntime.so next to the ferry binary, or `pip install onnxruntime`"
@@ -35,7 +44,11 @@ pub fn locate(configured: Option<&Path>) -> Result<Located, String> {
 
 /// A file is taken as is; a directory is searched for the library.
 fn in_place(path: &Path) -> Option<PathBuf> {
-    if path.is_file() { Some(path.to_path_buf()) } else { find_in_dir(path) }
+    if path.is_file() {
+        Some(path.to_path_buf())
+    } else {
+        find_in_dir(path)
+    }
 }
 
 /// `libonnxruntime.so` or the newest `libonnxruntime.so.X.Y.Z` in `dir`.
@@ -44,7 +57,9 @@ fn find_in_dir(dir: &Path) -> Option<PathBuf> {
         .ok()?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
-            p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n == "libonnxruntime.so" || n.starts_with("libonnxruntime.so."))
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n == "libonnxruntime.so" || n.starts_with("libonnxruntime.so."))
         })
         .collect();
     found.sort();
@@ -53,7 +68,10 @@ fn find_in_dir(dir: &Path) -> Option<PathBuf> {
 
 fn python_package() -> Option<PathBuf> {
     let out = Command::new("python3")
-        .args(["-c", "import os, onnxruntime; print(os.path.dirname(onnxruntime.__file__))"])
+        .args([
+            "-c",
+            "import os, onnxruntime; print(os.path.dirname(onnxruntime.__file__))",
+        ])
         .output()
         .ok()?;
     if !out.status.success() {

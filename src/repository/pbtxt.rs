@@ -7,7 +7,9 @@ use prost_reflect::{DeserializeOptions, DynamicMessage, MessageDescriptor, Seria
 use crate::proto::{DESCRIPTORS, inference::ModelConfig};
 
 fn descriptor() -> MessageDescriptor {
-    DESCRIPTORS.get_message_by_name("inference.ModelConfig").expect("ModelConfig is in proto/")
+    DESCRIPTORS
+        .get_message_by_name("inference.ModelConfig")
+        .expect("ModelConfig is in proto/")
 }
 
 /// Parses config.pbtxt text. Errors read `line L, column C: <what>`.
@@ -22,7 +24,8 @@ pub fn parse(text: &str) -> Result<ModelConfig, String> {
         let (line, col) = line_col(text, at);
         format!("line {line}, column {col}: {e}")
     })?;
-    msg.transcode_to::<ModelConfig>().map_err(|e| format!("config does not fit ModelConfig: {e}"))
+    msg.transcode_to::<ModelConfig>()
+        .map_err(|e| format!("config does not fit ModelConfig: {e}"))
 }
 
 /// Parses Triton's JSON form (the load API's `config` override): proto field names or their
@@ -41,13 +44,17 @@ pub fn from_json(text: &str) -> Result<ModelConfig, String> {
 /// sub-messages left out, enums by name, 64-bit integers as numbers.
 pub fn to_json(config: &ModelConfig) -> serde_json::Value {
     let mut msg = DynamicMessage::new(descriptor());
-    msg.transcode_from(config).expect("ModelConfig transcodes to its own descriptor");
+    msg.transcode_from(config)
+        .expect("ModelConfig transcodes to its own descriptor");
     let options = SerializeOptions::new()
         .use_proto_field_name(true)
         .skip_default_fields(false)
         .stringify_64_bit_integers(false);
-    msg.serialize_with_options(serde_json::value::Serializer, &options)
-        .expect("a DynamicMessage serializes to JSON")
+    let mut out = Vec::new();
+    msg.serialize_with_options(&mut serde_json::Serializer::new(&mut out), &options)
+        .expect("a DynamicMessage serializes to JSON");
+    // Parsed back into a Value whose maps keep insertion (= proto field) order.
+    serde_json::from_slice(&out).expect("JSON written by serde_json parses")
 }
 
 /// Inserts `:` between a field name and a `[` that opens its list, skipping strings and comments.
@@ -146,7 +153,9 @@ fn original_offset(offset: usize, inserted: &[usize]) -> usize {
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let col = before.rfind('\n').map_or(before.chars().count(), |nl| before[nl + 1..].chars().count()) + 1;
+    let col = before.rfind('\n').map_or(before.chars().count(), |nl| {
+        before[nl + 1..].chars().count()
+    }) + 1;
     (line, col)
 }
 
@@ -187,7 +196,10 @@ parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
         assert_eq!(cfg.name, "densenet_onnx");
         assert_eq!(cfg.input.len(), 1);
         assert_eq!(cfg.input[0].dims, vec![3, 224, 224]);
-        assert_eq!(cfg.input[0].reshape.as_ref().unwrap().shape, vec![1, 3, 224, 224]);
+        assert_eq!(
+            cfg.input[0].reshape.as_ref().unwrap().shape,
+            vec![1, 3, 224, 224]
+        );
         assert_eq!(cfg.output[0].label_filename, "densenet_labels.txt");
         assert_eq!(cfg.instance_group[0].count, 2);
         assert_eq!(cfg.instance_group[0].kind, 2);
@@ -203,7 +215,10 @@ parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
 
     #[test]
     fn repeated_blocks_and_single_quotes() {
-        let cfg = parse("input { name: 'a' data_type: TYPE_INT32 dims: 4 dims: 5 }\ninput { name: \"b\" }").unwrap();
+        let cfg = parse(
+            "input { name: 'a' data_type: TYPE_INT32 dims: 4 dims: 5 }\ninput { name: \"b\" }",
+        )
+        .unwrap();
         assert_eq!(cfg.input.len(), 2);
         assert_eq!(cfg.input[0].dims, vec![4, 5]);
         assert_eq!(cfg.input[1].name, "b");
@@ -239,7 +254,10 @@ parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
         assert_eq!(json["max_batch_size"], 0);
         assert_eq!(json["input"][0]["data_type"], "TYPE_FP32");
         assert_eq!(json["input"][0]["dims"], serde_json::json!([3, 224, 224]));
-        assert_eq!(json["dynamic_batching"]["max_queue_delay_microseconds"], 100);
+        assert_eq!(
+            json["dynamic_batching"]["max_queue_delay_microseconds"],
+            100
+        );
         assert_eq!(json["input"][0]["is_shape_tensor"], false);
         assert!(json.get("sequence_batching").is_none(), "{json}");
         assert!(json.get("response_cache").is_none(), "{json}");

@@ -77,10 +77,16 @@ impl Shared {
                     return Some(jobs);
                 }
                 batcher::Decision::WaitUntil(at) => {
-                    q = self.ready.wait_timeout(q, at.saturating_duration_since(now)).unwrap_or_else(|p| p.into_inner()).0;
+                    q = self
+                        .ready
+                        .wait_timeout(q, at.saturating_duration_since(now))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
                 }
                 batcher::Decision::Idle if q.stopping => return None,
-                batcher::Decision::Idle => q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner()),
+                batcher::Decision::Idle => {
+                    q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner())
+                }
             }
         }
     }
@@ -97,8 +103,16 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Starts one thread per instance.
-    pub fn start(ctx: ModelContext, policy: BatchPolicy, instances: Vec<Box<dyn ModelInstance>>) -> Result<Scheduler> {
-        let shared = Arc::new(Shared { queue: Mutex::default(), ready: Condvar::new(), policy });
+    pub fn start(
+        ctx: ModelContext,
+        policy: BatchPolicy,
+        instances: Vec<Box<dyn ModelInstance>>,
+    ) -> Result<Scheduler> {
+        let shared = Arc::new(Shared {
+            queue: Mutex::default(),
+            ready: Condvar::new(),
+            policy,
+        });
         let ctx = Arc::new(ctx);
         let mut workers = Vec::with_capacity(instances.len());
         for (i, mut instance) in instances.into_iter().enumerate() {
@@ -114,7 +128,10 @@ impl Scheduler {
                 .map_err(|e| Error::internal(format!("cannot start an instance thread: {e}")))?;
             workers.push(handle);
         }
-        Ok(Scheduler { shared, workers: Mutex::new(workers) })
+        Ok(Scheduler {
+            shared,
+            workers: Mutex::new(workers),
+        })
     }
 
     /// Queues a request; the receiver gets its one reply.
@@ -124,7 +141,11 @@ impl Scheduler {
         if q.stopping {
             return Err(Retired(req));
         }
-        q.jobs.push_back(Job { req, enqueued: Instant::now(), reply: tx });
+        q.jobs.push_back(Job {
+            req,
+            enqueued: Instant::now(),
+            reply: tx,
+        });
         drop(q);
         self.shared.ready.notify_one();
         Ok(rx)

@@ -1,0 +1,200 @@
+//! The command line and the environment, folded once at start-up into one `Config`. The only
+//! module that reads environment variables. Flag names follow tritonserver's where they exist;
+//! every flag can also come from a `FERRY_*` variable.
+use std::{
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
+};
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "ferry",
+    version,
+    about = "A Triton-compatible model server for managed clouds",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Serve the model repositories (the default command).
+    Serve(ServeArgs),
+}
+
+/// Boolean flags read `--flag`, `--flag=true` or `--flag=false`, like tritonserver's.
+#[derive(Args, Debug, Clone)]
+struct ServeArgs {
+    /// Model repository path (repeatable). Without one, the embedded example repository is served.
+    #[arg(
+        long = "model-repository",
+        env = "FERRY_MODEL_REPOSITORY",
+        value_delimiter = ','
+    )]
+    model_repository: Vec<PathBuf>,
+    /// HTTP port for KServe v2 (0 = any free port).
+    #[arg(long, env = "FERRY_HTTP_PORT", default_value_t = 8000)]
+    http_port: u16,
+    #[arg(long, env = "FERRY_HTTP_ADDRESS", default_value = "0.0.0.0")]
+    http_address: IpAddr,
+    /// gRPC port (reserved: the gRPC front-end is not part of this build yet).
+    #[arg(long, env = "FERRY_GRPC_PORT", default_value_t = 8001)]
+    grpc_port: u16,
+    /// Prometheus metrics port (reserved: the metrics endpoint is not part of this build yet).
+    #[arg(long, env = "FERRY_METRICS_PORT", default_value_t = 8002)]
+    metrics_port: u16,
+    /// Deprecated alias of --disable-auto-complete-config.
+    #[arg(long, env = "FERRY_STRICT_MODEL_CONFIG", default_value = "false", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
+    strict_model_config: bool,
+    /// Do not complete configs from the model file; config.pbtxt must be complete.
+    #[arg(long, env = "FERRY_DISABLE_AUTO_COMPLETE_CONFIG", default_value = "false", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
+    disable_auto_complete_config: bool,
+    /// Exit at start-up when any model fails to load.
+    #[arg(long, env = "FERRY_EXIT_ON_ERROR", default_value = "true", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
+    exit_on_error: bool,
+    /// Ready only when every model is ready.
+    #[arg(long, env = "FERRY_STRICT_READINESS", default_value = "true", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
+    strict_readiness: bool,
+    /// Verbose logging level (0 = off).
+    #[arg(long, env = "FERRY_LOG_VERBOSE", default_value_t = 0)]
+    log_verbose: u32,
+    /// Largest HTTP request body, in bytes (also after decompression).
+    #[arg(long, env = "FERRY_HTTP_MAX_INPUT_SIZE", default_value_t = 64 * 1024 * 1024)]
+    http_max_input_size: usize,
+    /// ONNX Runtime shared library (libonnxruntime.so); also read from ORT_DYLIB_PATH.
+    #[arg(long, env = "FERRY_ONNXRUNTIME_LIBRARY")]
+    onnxruntime_library: Option<PathBuf>,
+    /// Server name reported by the metadata endpoint.
+    #[arg(long, env = "FERRY_ID", default_value = "ferry")]
+    id: String,
+    /// Backend settings, as tritonserver: `onnxruntime,default-max-batch-size=4` (repeatable).
+    #[arg(long, env = "FERRY_BACKEND_CONFIG")]
+    backend_config: Vec<String>,
+}
+
+/// Everything the server needs to know, resolved once.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Empty: serve the embedded example repository.
+    pub model_repositories: Vec<PathBuf>,
+    pub http_addr: SocketAddr,
+    pub grpc_addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub auto_complete: bool,
+    pub exit_on_error: bool,
+    pub strict_readiness: bool,
+    pub log_verbose: u32,
+    /// RUST_LOG, when set: a tracing filter that overrides --log-verbose.
+    pub log_filter: Option<String>,
+    pub http_max_input_size: usize,
+    pub onnxruntime_library: Option<PathBuf>,
+    pub server_id: String,
+    pub default_max_batch_size: i32,
+    pub cores: usize,
+}
+
+impl Config {
+    /// Parses the command line (and the environment). `args` includes the program name.
+    pub fn from_args<I, T>(args: I) -> Result<Config, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let cli = Cli::try_parse_from(args)?;
+        let a = match cli.command {
+            Some(Command::Serve(a)) => a,
+            None => cli.serve,
+        };
+        let mut default_max_batch_size = 4;
+        for setting in &a.backend_config {
+            match setting
+                .split_once(',')
+                .and_then(|(b, kv)| Some((b, kv.split_once('=')?)))
+            {
+                Some(("onnxruntime", ("default-max-batch-size", v))) => {
+                    default_max_batch_size = v.parse().map_err(|_| {
+                        clap::Error::raw(
+                            clap::error::ErrorKind::InvalidValue,
+                            format!("--backend-config {setting}: '{v}' is not an integer\n"),
+                        )
+                    })?;
+                }
+                _ => {
+                    return Err(clap::Error::raw(
+                        clap::error::ErrorKind::InvalidValue,
+                        format!(
+                            "--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>\n"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(Config {
+            model_repositories: a.model_repository,
+            http_addr: SocketAddr::new(a.http_address, a.http_port),
+            grpc_addr: SocketAddr::new(a.http_address, a.grpc_port),
+            metrics_addr: SocketAddr::new(a.http_address, a.metrics_port),
+            auto_complete: !(a.disable_auto_complete_config || a.strict_model_config),
+            exit_on_error: a.exit_on_error,
+            strict_readiness: a.strict_readiness,
+            log_verbose: a.log_verbose,
+            log_filter: std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty()),
+            http_max_input_size: a.http_max_input_size,
+            onnxruntime_library: a
+                .onnxruntime_library
+                .or_else(|| std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from)),
+            server_id: a.id,
+            default_max_batch_size,
+            cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_tritonserver() {
+        let c = Config::from_args(["ferry"]).unwrap();
+        assert_eq!(c.http_addr.port(), 8000);
+        assert_eq!(c.grpc_addr.port(), 8001);
+        assert_eq!(c.metrics_addr.port(), 8002);
+        assert!(c.auto_complete && c.exit_on_error && c.strict_readiness);
+        assert_eq!(c.http_max_input_size, 64 << 20);
+        assert!(c.model_repositories.is_empty());
+        assert_eq!(c.default_max_batch_size, 4);
+    }
+
+    #[test]
+    fn serve_subcommand_and_triton_style_booleans() {
+        let c = Config::from_args([
+            "ferry",
+            "serve",
+            "--model-repository",
+            "/a",
+            "--model-repository=/b",
+            "--http-port=0",
+            "--strict-model-config",
+            "--exit-on-error=false",
+            "--backend-config=onnxruntime,default-max-batch-size=0",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.model_repositories,
+            vec![PathBuf::from("/a"), PathBuf::from("/b")]
+        );
+        assert_eq!(c.http_addr.port(), 0);
+        assert!(!c.auto_complete);
+        assert!(!c.exit_on_error);
+        assert_eq!(c.default_max_batch_size, 0);
+        assert!(Config::from_args(["ferry", "--backend-config=tensorflow,x=1"]).is_err());
+        assert!(Config::from_args(["ferry", "--http-port=notaport"]).is_err());
+    }
+}

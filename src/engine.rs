@@ -1,0 +1,232 @@
+//! The engine: the one place front-ends call. It resolves the model version, validates, hands
+//! the request to that version's scheduler, and answers the read-only questions of the protocol
+//! (health, metadata, config, statistics).
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicU8, Ordering},
+    },
+    time::Instant,
+};
+
+use crate::{
+    error::{Error, Result},
+    model::ModelVersion,
+    proto::inference::ModelConfig,
+    repository::registry::Registry,
+    request::{InferRequest, InferResponse},
+    stats::Snapshot,
+    tensor::DataType,
+    validate::validate,
+};
+
+/// The extensions this server implements, in Triton's order.
+pub const EXTENSIONS: &[&str] = &[
+    "classification",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    pub name: String,
+    pub version: String,
+    pub extensions: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TensorMetadata {
+    pub name: String,
+    pub datatype: DataType,
+    pub shape: Vec<i64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelMetadata {
+    pub name: String,
+    pub versions: Vec<u64>,
+    pub platform: String,
+    pub inputs: Vec<TensorMetadata>,
+    pub outputs: Vec<TensorMetadata>,
+}
+
+/// Statistics of one model version.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VersionStats {
+    pub name: String,
+    pub version: u64,
+    pub stats: Snapshot,
+}
+
+const STARTING: u8 = 0;
+const SERVING: u8 = 1;
+const EXITING: u8 = 2;
+
+pub struct Engine {
+    registry: Arc<Registry>,
+    info: ServerInfo,
+    strict_readiness: bool,
+    phase: AtomicU8,
+}
+
+impl Engine {
+    pub fn new(registry: Arc<Registry>, info: ServerInfo, strict_readiness: bool) -> Self {
+        Engine {
+            registry,
+            info,
+            strict_readiness,
+            phase: AtomicU8::new(STARTING),
+        }
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.registry
+    }
+
+    /// Start-up is over (the initial models were tried).
+    pub fn set_serving(&self) {
+        self.phase.store(SERVING, Ordering::SeqCst);
+    }
+
+    pub fn set_exiting(&self) {
+        self.phase.store(EXITING, Ordering::SeqCst);
+    }
+
+    /// Live from start until shutdown begins.
+    pub fn live(&self) -> Result<()> {
+        match self.phase.load(Ordering::SeqCst) {
+            EXITING => Err(Error::unavailable("Server exiting")),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn ready(&self) -> bool {
+        self.phase.load(Ordering::SeqCst) == SERVING
+            && (!self.strict_readiness || self.registry.all_ready())
+    }
+
+    pub fn server_info(&self) -> &ServerInfo {
+        &self.info
+    }
+
+    pub fn model_ready(&self, name: &str, version: Option<u64>) -> Result<()> {
+        self.registry.resolve(name, version).map(|_| ())
+    }
+
+    pub fn model_config(&self, name: &str, version: Option<u64>) -> Result<Arc<ModelConfig>> {
+        Ok(Arc::clone(&self.registry.resolve(name, version)?.config))
+    }
+
+    pub fn model_metadata(&self, name: &str, version: Option<u64>) -> Result<ModelMetadata> {
+        let model = self.registry.resolve(name, version)?;
+        let versions = match version {
+            Some(v) => vec![v],
+            None => self
+                .registry
+                .serving(Some(name))
+                .iter()
+                .map(|m| m.version)
+                .collect(),
+        };
+        let schema = &model.schema;
+        let meta = |specs: &[crate::model::TensorSpec]| {
+            specs
+                .iter()
+                .map(|s| TensorMetadata {
+                    name: s.name.clone(),
+                    datatype: s.datatype,
+                    shape: schema.client_shape(s),
+                })
+                .collect()
+        };
+        Ok(ModelMetadata {
+            name: name.to_string(),
+            versions,
+            platform: model.platform().to_string(),
+            inputs: meta(&schema.inputs),
+            outputs: meta(&schema.outputs),
+        })
+    }
+
+    /// Statistics of every serving version, of one model's, or of one version.
+    pub fn statistics(
+        &self,
+        name: Option<&str>,
+        version: Option<u64>,
+    ) -> Result<Vec<VersionStats>> {
+        let models: Vec<Arc<ModelVersion>> = match (name, version) {
+            (Some(n), Some(v)) => vec![self.registry.resolve(n, Some(v)).map_err(|_| {
+                Error::invalid(format!(
+                    "requested model version is not available for model '{n}'"
+                ))
+            })?],
+            (Some(n), None) => {
+                let all = self.registry.serving(Some(n));
+                if all.is_empty() {
+                    return Err(Error::invalid(format!(
+                        "requested model '{n}' is not available"
+                    )));
+                }
+                all
+            }
+            (None, _) => self.registry.serving(None),
+        };
+        Ok(models
+            .iter()
+            .map(|m| VersionStats {
+                name: m.name.clone(),
+                version: m.version,
+                stats: m.stats.snapshot(),
+            })
+            .collect())
+    }
+
+    /// Runs one inference request to completion.
+    pub async fn infer(&self, req: InferRequest) -> Result<InferResponse> {
+        let start = Instant::now();
+        let (name, version) = (req.model_name.clone(), req.model_version);
+        let mut model = self.registry.resolve(&name, version)?;
+        let mut validated = match validate(&name, &model.schema, req) {
+            Ok(v) => v,
+            Err(e) => {
+                model.stats.record_failure(start.elapsed());
+                return Err(e);
+            }
+        };
+        // A version retired by a swap between resolve and submit hands the request back, and the
+        // version that replaced it takes it (when its inputs and outputs are the same).
+        let reply = loop {
+            match model.scheduler.submit(validated) {
+                Ok(reply) => break reply,
+                Err(back) => {
+                    let next = self.registry.resolve(&name, version).map_err(|_| {
+                        Error::unavailable(format!(
+                            "model '{name}' is unloading; its scheduler has stopped accepting new inference requests"
+                        ))
+                    })?;
+                    if Arc::ptr_eq(&next, &model) {
+                        return Err(Error::unavailable(format!("model '{name}' is unloading")));
+                    }
+                    if next.schema != model.schema {
+                        return Err(Error::unavailable(format!(
+                            "model '{name}' changed its inputs or outputs while request '{}' was queued; send it again",
+                            back.0.id
+                        )));
+                    }
+                    validated = back.0;
+                    model = next;
+                }
+            }
+        };
+        let result = reply
+            .await
+            .unwrap_or_else(|_| Err(Error::internal("the model instance dropped the request")));
+        match &result {
+            Ok(_) => model.stats.record_success(start.elapsed()),
+            Err(_) => model.stats.record_failure(start.elapsed()),
+        }
+        result
+    }
+}

@@ -1,0 +1,290 @@
+//! KServe v2 over HTTP (axum): translates each route into one engine call and back, with
+//! Triton's status codes and `{"error": "..."}` bodies.
+use std::sync::Arc;
+
+use axum::{
+    Router,
+    body::Body,
+    extract::{Path, State},
+    http::{HeaderMap, HeaderValue, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use serde_json::{Value, json};
+
+use super::{encoding, json as codec};
+use crate::{
+    engine::{Engine, ModelMetadata, VersionStats},
+    error::Error,
+    repository::pbtxt,
+    stats::Tally,
+};
+
+pub struct HttpState {
+    pub engine: Arc<Engine>,
+    /// --http-max-input-size
+    pub max_input_size: usize,
+}
+
+type AppState = State<Arc<HttpState>>;
+type Params = Path<Vec<(String, String)>>;
+
+pub fn router(state: Arc<HttpState>) -> Router {
+    let model_routes = |r: Router<Arc<HttpState>>, base: &str| {
+        r.route(base, get(model_metadata))
+            .route(&format!("{base}/ready"), get(model_ready))
+            .route(&format!("{base}/config"), get(model_config))
+            .route(&format!("{base}/stats"), get(model_stats))
+            .route(&format!("{base}/infer"), post(infer))
+    };
+    let r = Router::new()
+        .route("/v2/health/live", get(live))
+        .route("/v2/health/ready", get(ready))
+        .route("/v2", get(server_metadata))
+        .route("/v2/models/stats", get(all_stats));
+    let r = model_routes(r, "/v2/models/{model}");
+    let r = model_routes(r, "/v2/models/{model}/versions/{version}");
+    r.fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(state)
+}
+
+pub fn error_response(e: &Error) -> Response {
+    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, axum::Json(json!({ "error": e.message() }))).into_response()
+}
+
+fn json_response(status: StatusCode, value: &Value) -> Response {
+    (status, axum::Json(value)).into_response()
+}
+
+async fn not_found() -> Response {
+    json_response(StatusCode::NOT_FOUND, &json!({"error": "Not Found"}))
+}
+
+async fn method_not_allowed() -> Response {
+    json_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        &json!({"error": "Method Not Allowed"}),
+    )
+}
+
+/// The model and version named by the path. A version that is not a number is a route miss.
+fn target(Path(params): Params) -> Result<(String, Option<u64>), Response> {
+    let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let model = get("model").unwrap_or_default().to_string();
+    match get("version") {
+        None => Ok((model, None)),
+        Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => match v.parse() {
+            Ok(n) => Ok((model, Some(n))),
+            Err(_) => Err(error_response(&Error::invalid(format!(
+                "invalid model version specified '{v}'"
+            )))),
+        },
+        Some(_) => Err(json_response(
+            StatusCode::NOT_FOUND,
+            &json!({"error": "Not Found"}),
+        )),
+    }
+}
+
+async fn live(State(s): AppState) -> Response {
+    match s.engine.live() {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn ready(State(s): AppState) -> Response {
+    if s.engine.ready() {
+        StatusCode::OK
+    } else {
+        StatusCode::BAD_REQUEST
+    }
+    .into_response()
+}
+
+async fn server_metadata(State(s): AppState) -> Response {
+    let info = s.engine.server_info();
+    json_response(
+        StatusCode::OK,
+        &json!({"name": info.name, "version": info.version, "extensions": info.extensions}),
+    )
+}
+
+fn metadata_json(m: &ModelMetadata) -> Value {
+    let tensors = |ts: &[crate::engine::TensorMetadata]| -> Vec<Value> {
+        ts.iter()
+            .map(|t| json!({"name": t.name, "datatype": t.datatype.wire(), "shape": t.shape}))
+            .collect()
+    };
+    json!({
+        "name": m.name,
+        "versions": m.versions.iter().map(u64::to_string).collect::<Vec<_>>(),
+        "platform": m.platform,
+        "inputs": tensors(&m.inputs),
+        "outputs": tensors(&m.outputs),
+    })
+}
+
+async fn model_metadata(State(s): AppState, path: Params) -> Response {
+    let (model, version) = match target(path) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    match s.engine.model_metadata(&model, version) {
+        Ok(m) => json_response(StatusCode::OK, &metadata_json(&m)),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn model_ready(State(s): AppState, path: Params) -> Response {
+    let (model, version) = match target(path) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    match s.engine.model_ready(&model, version) {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn model_config(State(s): AppState, path: Params) -> Response {
+    let (model, version) = match target(path) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    match s.engine.model_config(&model, version) {
+        Ok(cfg) => json_response(StatusCode::OK, &pbtxt::to_json(&cfg)),
+        Err(e) => error_response(&e),
+    }
+}
+
+fn tally(t: &Tally) -> Value {
+    json!({"count": t.count, "ns": t.ns})
+}
+
+fn stats_json(all: &[VersionStats]) -> Value {
+    let entries: Vec<Value> = all
+        .iter()
+        .map(|v| {
+            let s = &v.stats;
+            let batches: Vec<Value> = s
+                .batches
+                .iter()
+                .map(|(size, b)| {
+                    json!({"batch_size": size, "compute_input": tally(&b.compute_input),
+                           "compute_infer": tally(&b.compute_infer), "compute_output": tally(&b.compute_output)})
+                })
+                .collect();
+            json!({
+                "name": v.name,
+                "version": v.version.to_string(),
+                "last_inference": s.last_inference_ms,
+                "inference_count": s.inference_count,
+                "execution_count": s.execution_count,
+                "inference_stats": {
+                    "success": tally(&s.success), "fail": tally(&s.fail), "queue": tally(&s.queue),
+                    "compute_input": tally(&s.compute_input), "compute_infer": tally(&s.compute_infer),
+                    "compute_output": tally(&s.compute_output), "cache_hit": tally(&s.cache_hit),
+                    "cache_miss": tally(&s.cache_miss),
+                },
+                "response_stats": {},
+                "batch_stats": batches,
+                "memory_usage": [],
+            })
+        })
+        .collect();
+    json!({ "model_stats": entries })
+}
+
+async fn all_stats(State(s): AppState) -> Response {
+    match s.engine.statistics(None, None) {
+        Ok(all) => json_response(StatusCode::OK, &stats_json(&all)),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn model_stats(State(s): AppState, path: Params) -> Response {
+    let (model, version) = match target(path) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    match s.engine.statistics(Some(&model), version) {
+        Ok(all) => json_response(StatusCode::OK, &stats_json(&all)),
+        Err(e) => error_response(&e),
+    }
+}
+
+fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+async fn infer(State(s): AppState, path: Params, headers: HeaderMap, body: Body) -> Response {
+    let (model, version) = match target(path) {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    match infer_inner(&s, model, version, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => {
+            let mut r = error_response(&e);
+            if e.http_status() == 501 && e.message().starts_with("Unsupported compression") {
+                r.headers_mut().insert(
+                    header::ACCEPT_ENCODING,
+                    HeaderValue::from_static("gzip, deflate"),
+                );
+            }
+            r
+        }
+    }
+}
+
+async fn infer_inner(
+    s: &HttpState,
+    model: String,
+    version: Option<u64>,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Response, Error> {
+    let declared = header_str(headers, "content-length").and_then(|v| v.parse().ok());
+    let raw = encoding::read_body(body, declared, s.max_input_size).await?;
+    let body = encoding::decompress(
+        raw,
+        header_str(headers, "content-encoding"),
+        s.max_input_size,
+    )?;
+    let header_len = match header_str(headers, "inference-header-content-length") {
+        None => None,
+        Some(v) => Some(v.trim().parse::<usize>().map_err(|_| {
+            Error::invalid(format!(
+                "Inference-Header-Content-Length must be a non-negative integer, got '{v}'"
+            ))
+        })?),
+    };
+    if header_len == Some(0) {
+        return Err(Error::unsupported(
+            "raw binary requests (Inference-Header-Content-Length: 0) are not supported yet",
+        ));
+    }
+    let (request, format) = codec::decode(&model, version, body, header_len)?;
+    let response = s.engine.infer(request).await?;
+    let encoded = codec::encode(&response, &format)?;
+    let mut builder = Response::builder().status(StatusCode::OK);
+    builder = match encoded.header_len {
+        Some(n) => builder
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .header("inference-header-content-length", n),
+        None => builder.header(header::CONTENT_TYPE, "application/json"),
+    };
+    let mut body = encoded.body;
+    if let Some(coding) = encoding::choose(header_str(headers, "accept-encoding"))
+        && let Ok(packed) = encoding::compress(&body, coding)
+    {
+        body = packed;
+        builder = builder.header(header::CONTENT_ENCODING, coding.name());
+    }
+    builder
+        .body(Body::from(body))
+        .map_err(|e| Error::internal(format!("cannot build the reply: {e}")))
+}

@@ -1,0 +1,278 @@
+//! KServe v2 infer request bodies: the JSON header, and the binary tensor data extension (raw
+//! tensor bytes after the JSON, in input order, sized by `binary_data_size`).
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::{Map, Value, value::RawValue};
+
+use super::data;
+use crate::{
+    error::{Error, Result},
+    request::{InferRequest, InputTensor, ParamValue, Parameters, RequestedOutput},
+    tensor::{DataType, element_count},
+};
+
+#[derive(Deserialize)]
+struct Header<'a> {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+    #[serde(borrow)]
+    inputs: Vec<InputHeader<'a>>,
+    #[serde(default)]
+    outputs: Option<Vec<OutputHeader>>,
+}
+
+#[derive(Deserialize)]
+struct InputHeader<'a> {
+    name: String,
+    shape: Vec<i64>,
+    datatype: String,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+    #[serde(default, borrow)]
+    data: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct OutputHeader {
+    name: String,
+    #[serde(default)]
+    parameters: Option<Map<String, Value>>,
+}
+
+/// How the reply should carry each output (binary data extension).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct OutputFormat {
+    /// Outputs listed in the request, with their own `binary_data` flag.
+    pub listed: Vec<(String, bool)>,
+    /// For unlisted outputs: the request's `binary_data_output`.
+    pub default_binary: bool,
+}
+
+impl OutputFormat {
+    pub fn binary(&self, name: &str) -> bool {
+        self.listed
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(self.default_binary, |(_, b)| *b)
+    }
+}
+
+/// Decodes an infer body. `header_len`: the Inference-Header-Content-Length value, if any.
+pub fn decode(
+    model: &str,
+    version: Option<u64>,
+    body: Bytes,
+    header_len: Option<usize>,
+) -> Result<(InferRequest, OutputFormat)> {
+    let json_len = header_len.unwrap_or(body.len());
+    if json_len > body.len() {
+        return Err(Error::invalid(format!(
+            "Inference-Header-Content-Length is {json_len} but the body has only {} bytes",
+            body.len()
+        )));
+    }
+    let header: Header<'_> = serde_json::from_slice(&body[..json_len])
+        .map_err(|e| Error::invalid(format!("failed to parse the request JSON buffer: {e}")))?;
+    let mut binary = body.slice(json_len..);
+    let mut parameters = parameters(header.parameters, "request")?;
+    let default_binary = match parameters.remove("binary_data_output") {
+        None => false,
+        Some(ParamValue::Bool(b)) => b,
+        Some(other) => {
+            return Err(Error::invalid(format!(
+                "parameter 'binary_data_output' must be a boolean, got {other:?}"
+            )));
+        }
+    };
+    let inputs = header
+        .inputs
+        .into_iter()
+        .map(|i| input(model, i, &mut binary))
+        .collect::<Result<Vec<_>>>()?;
+    if !binary.is_empty() {
+        return Err(Error::invalid(format!(
+            "unexpected additional input data for model '{model}': {} bytes follow the last binary input",
+            binary.len()
+        )));
+    }
+    let (outputs, listed) = outputs(header.outputs.unwrap_or_default())?;
+    let request = InferRequest {
+        model_name: model.to_string(),
+        model_version: version,
+        id: header.id.unwrap_or_default(),
+        parameters,
+        inputs,
+        outputs,
+    };
+    Ok((
+        request,
+        OutputFormat {
+            listed,
+            default_binary,
+        },
+    ))
+}
+
+fn input(model: &str, i: InputHeader<'_>, binary: &mut Bytes) -> Result<InputTensor> {
+    let datatype = DataType::from_wire(&i.datatype).ok_or_else(|| {
+        Error::invalid(format!(
+            "input '{}' has an invalid datatype '{}' for model '{model}'",
+            i.name, i.datatype
+        ))
+    })?;
+    let params = i.parameters.unwrap_or_default();
+    let binary_size = match params.get("binary_data_size") {
+        None => None,
+        Some(v) => Some(v.as_u64().ok_or_else(|| {
+            Error::invalid(format!(
+                "input '{}': parameter 'binary_data_size' must be an unsigned integer, got {v}",
+                i.name
+            ))
+        })? as usize),
+    };
+    let shm = params.contains_key("shared_memory_region");
+    let set: Vec<&str> = [
+        (i.data.is_some(), "'data'"),
+        (binary_size.is_some(), "'binary_data_size'"),
+        (shm, "'shared_memory_region'"),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .map(|(_, n)| *n)
+    .collect();
+    if set.len() != 1 {
+        let got = if set.is_empty() {
+            "no field is set".to_string()
+        } else {
+            format!("set {}", set.join(" "))
+        };
+        return Err(Error::invalid(format!(
+            "Input '{}' must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', \
+             'shared_memory_region' in 'parameters'. But {got}",
+            i.name
+        )));
+    }
+    if shm {
+        return Err(Error::unsupported(format!(
+            "input '{}': shared memory inputs are not supported by this server yet",
+            i.name
+        )));
+    }
+    let data = match (binary_size, i.data) {
+        (Some(n), _) => {
+            if n > binary.len() {
+                return Err(Error::invalid(format!(
+                    "unexpected size for input '{}', expecting {n} additional bytes for model '{model}' but only {} remain",
+                    i.name,
+                    binary.len()
+                )));
+            }
+            binary.split_to(n)
+        }
+        (None, Some(raw)) => json_data(model, &i.name, &i.shape, datatype, raw.get())?,
+        (None, None) => unreachable!("exactly one data source was checked above"),
+    };
+    Ok(InputTensor {
+        name: i.name,
+        datatype,
+        shape: i.shape,
+        data,
+    })
+}
+
+fn json_data(
+    model: &str,
+    name: &str,
+    shape: &[i64],
+    datatype: DataType,
+    raw: &str,
+) -> Result<Bytes> {
+    let expected = element_count(shape);
+    let mut out =
+        Vec::with_capacity(expected.unwrap_or(0).min(1 << 20) * datatype.size().unwrap_or(8));
+    let count = data::decode(raw, datatype, &mut out).map_err(|e| {
+        Error::invalid(format!(
+            "unable to parse 'data' of input '{name}' for model '{model}': {e}"
+        ))
+    })?;
+    if let Some(expected) = expected
+        && expected != count
+    {
+        return Err(Error::invalid(format!(
+            "input '{name}' for model '{model}': 'data' holds {count} elements but shape {shape:?} needs {expected}"
+        )));
+    }
+    Ok(Bytes::from(out))
+}
+
+fn outputs(list: Vec<OutputHeader>) -> Result<(Vec<RequestedOutput>, Vec<(String, bool)>)> {
+    let mut requested = Vec::with_capacity(list.len());
+    let mut listed = Vec::with_capacity(list.len());
+    for o in list {
+        let p = o.parameters.unwrap_or_default();
+        let binary = match p.get("binary_data") {
+            None => false,
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                return Err(Error::invalid(format!(
+                    "output '{}': 'binary_data' must be a boolean, got {v}",
+                    o.name
+                )));
+            }
+        };
+        let classification =
+            match p.get("classification") {
+                None => None,
+                Some(v) => Some(v.as_u64().and_then(|k| u32::try_from(k).ok()).ok_or_else(
+                    || {
+                        Error::invalid(format!(
+                            "output '{}': 'classification' must be an unsigned integer, got {v}",
+                            o.name
+                        ))
+                    },
+                )?),
+            };
+        if p.contains_key("shared_memory_region") {
+            return Err(Error::unsupported(format!(
+                "output '{}': shared memory outputs are not supported by this server yet",
+                o.name
+            )));
+        }
+        listed.push((o.name.clone(), binary));
+        requested.push(RequestedOutput {
+            name: o.name,
+            classification,
+        });
+    }
+    Ok((requested, listed))
+}
+
+/// Request parameters as the engine sees them; objects and arrays are refused.
+pub fn parameters(map: Option<Map<String, Value>>, what: &str) -> Result<Parameters> {
+    let mut out = Parameters::new();
+    for (k, v) in map.unwrap_or_default() {
+        let value = match v {
+            Value::Bool(b) => ParamValue::Bool(b),
+            Value::String(s) => ParamValue::String(s),
+            Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                (Some(i), _, _) => ParamValue::Int(i),
+                (None, Some(u), _) => ParamValue::Uint(u),
+                (_, _, Some(f)) => ParamValue::Double(f),
+                _ => {
+                    return Err(Error::invalid(format!(
+                        "{what} parameter '{k}' is not a usable number"
+                    )));
+                }
+            },
+            other => {
+                return Err(Error::invalid(format!(
+                    "{what} parameter '{k}' has invalid type: expected a string, number or boolean, got {other}"
+                )));
+            }
+        };
+        out.insert(k, value);
+    }
+    Ok(out)
+}

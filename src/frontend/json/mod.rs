@@ -1,0 +1,11 @@
+//! The KServe v2 JSON codec for infer requests and replies, with the binary tensor data
+//! extension.
+mod data;
+mod decode;
+mod encode;
+
+pub use decode::{OutputFormat, decode, parameters};
+pub use encode::{Encoded, encode};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,4 @@
+//! Protocol front-ends: each translates its wire format into one engine call and back.
+pub mod encoding;
+pub mod http;
+pub mod json;

@@ -1,0 +1,243 @@
+//! The model-config pipeline of Triton (model-config.md §5): read config.pbtxt, fill what the
+//! server derives, complete inputs/outputs from the model file, normalize defaults, validate.
+//! Errors name the field and the values involved.
+use std::path::Path;
+
+use super::pbtxt;
+use crate::{
+    backend::{ModelIo, TensorInfo},
+    proto::inference::{
+        ModelConfig, ModelDynamicBatching, ModelInput, ModelInstanceGroup, ModelOutput,
+        ModelTensorReshape, ModelVersionPolicy, model_config::SchedulingChoice,
+        model_instance_group::Kind, model_version_policy,
+    },
+    tensor::{DataType, shape_string},
+};
+
+pub const CONFIG_FILE: &str = "config.pbtxt";
+
+/// Reads `<dir>/config.pbtxt`; when it is missing, an empty config if auto-complete may fill it.
+pub fn read(dir: &Path, auto_complete: bool) -> Result<ModelConfig, String> {
+    let path = dir.join(CONFIG_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => pbtxt::parse(&text).map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && auto_complete => {
+            Ok(ModelConfig::default())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+            "{} is missing and auto-complete is disabled (--disable-auto-complete-config / --strict-model-config)",
+            path.display()
+        )),
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
+/// What the server fills in even without auto-complete: the name, and backend / platform /
+/// default_model_filename for ONNX models (§5.1).
+pub fn fill(cfg: &mut ModelConfig, dir: &Path, dir_name: &str) -> Result<(), String> {
+    if cfg.name.is_empty() {
+        cfg.name = dir_name.to_string();
+    }
+    if cfg.name != dir_name {
+        return Err(format!(
+            "unexpected directory name '{dir_name}' for model '{}', directory name must equal model name",
+            cfg.name
+        ));
+    }
+    if cfg.platform == "ensemble" {
+        return Ok(());
+    }
+    let onnx = cfg.backend == "onnxruntime"
+        || (cfg.backend.is_empty() && cfg.platform == "onnxruntime_onnx")
+        || (cfg.backend.is_empty() && cfg.platform.is_empty() && looks_onnx(cfg, dir));
+    if onnx {
+        if cfg.backend.is_empty() {
+            cfg.backend = "onnxruntime".into();
+        }
+        if cfg.platform.is_empty() {
+            cfg.platform = "onnxruntime_onnx".into();
+        }
+        if cfg.platform != "onnxruntime_onnx" {
+            return Err(format!(
+                "unexpected 'platform' and 'backend' pair, got:{}, {}",
+                cfg.platform, cfg.backend
+            ));
+        }
+        if cfg.default_model_filename.is_empty() {
+            cfg.default_model_filename = "model.onnx".into();
+        }
+    } else if cfg.backend.is_empty() && cfg.platform.is_empty() {
+        return Err(format!(
+            "must specify 'platform' or 'backend' for '{}'",
+            cfg.name
+        ));
+    } else if cfg.default_model_filename.is_empty() && !cfg.backend.is_empty() {
+        cfg.default_model_filename = format!("model.{}", cfg.backend);
+    }
+    Ok(())
+}
+
+/// No backend named: an ONNX file name, or `model.onnx` in the first version directory.
+fn looks_onnx(cfg: &ModelConfig, dir: &Path) -> bool {
+    if cfg.default_model_filename.ends_with(".onnx") {
+        return true;
+    }
+    let mut subdirs: Vec<_> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_dir())
+        .map(|e| e.path())
+        .collect();
+    subdirs.sort();
+    subdirs
+        .first()
+        .is_some_and(|d| d.join("model.onnx").exists())
+}
+
+/// Completes missing inputs/outputs, and the batch size, from what the model file declares
+/// (§5.3). Parts the user wrote are never overwritten.
+pub fn complete(
+    cfg: &mut ModelConfig,
+    io: &ModelIo,
+    default_max_batch_size: i32,
+) -> Result<(), String> {
+    let has_inputs = !cfg.input.is_empty() || !cfg.batch_input.is_empty();
+    if has_inputs && !cfg.output.is_empty() {
+        return Ok(());
+    }
+    let batchable = io
+        .inputs
+        .iter()
+        .chain(&io.outputs)
+        .all(|t| t.shape.first() == Some(&-1));
+    if batchable && cfg.max_batch_size == 0 && default_max_batch_size > 0 {
+        tracing::warn!(model = %cfg.name, max_batch_size = default_max_batch_size, "auto-complete set max_batch_size");
+        cfg.max_batch_size = default_max_batch_size;
+    }
+    if batchable && cfg.max_batch_size > 1 && cfg.scheduling_choice.is_none() {
+        cfg.scheduling_choice = Some(SchedulingChoice::DynamicBatching(
+            ModelDynamicBatching::default(),
+        ));
+    }
+    if !batchable && cfg.max_batch_size != 0 {
+        return Err(format!(
+            "autofill failed for model '{}': model does not support batching while non-zero max_batch_size is specified",
+            cfg.name
+        ));
+    }
+    let batching = cfg.max_batch_size > 0;
+    if !has_inputs {
+        cfg.input = io
+            .inputs
+            .iter()
+            .map(|t| {
+                let (data_type, dims, reshape) = completed(t, batching, &cfg.name)?;
+                Ok(ModelInput {
+                    name: t.name.clone(),
+                    data_type,
+                    dims,
+                    reshape,
+                    ..Default::default()
+                })
+            })
+            .collect::<Result<_, String>>()?;
+    }
+    if cfg.output.is_empty() {
+        cfg.output = io
+            .outputs
+            .iter()
+            .map(|t| {
+                let (data_type, dims, reshape) = completed(t, batching, &cfg.name)?;
+                Ok(ModelOutput {
+                    name: t.name.clone(),
+                    data_type,
+                    dims,
+                    reshape,
+                    ..Default::default()
+                })
+            })
+            .collect::<Result<_, String>>()?;
+    }
+    Ok(())
+}
+
+type Completed = (i32, Vec<i64>, Option<ModelTensorReshape>);
+
+fn completed(t: &TensorInfo, batching: bool, model: &str) -> Result<Completed, String> {
+    let dt = t.datatype.ok_or_else(|| {
+        format!("model '{model}': tensor '{}' is not a tensor of a supported datatype; list the model's inputs and outputs in config.pbtxt", t.name)
+    })?;
+    let dims: Vec<i64> = if batching {
+        t.shape[1..].to_vec()
+    } else {
+        t.shape.clone()
+    };
+    if dims.is_empty() {
+        let reshape = batching.then(ModelTensorReshape::default);
+        return Ok((dt.config(), vec![1], reshape));
+    }
+    Ok((dt.config(), dims, None))
+}
+
+/// Fills the defaults Triton writes into the effective config (§5.2, §6.5).
+pub fn normalize(cfg: &mut ModelConfig) {
+    if cfg
+        .version_policy
+        .as_ref()
+        .and_then(|p| p.policy_choice.as_ref())
+        .is_none()
+    {
+        cfg.version_policy = Some(ModelVersionPolicy {
+            policy_choice: Some(model_version_policy::PolicyChoice::Latest(
+                model_version_policy::Latest { num_versions: 1 },
+            )),
+        });
+    }
+    let max = cfg.max_batch_size;
+    if let Some(SchedulingChoice::DynamicBatching(db)) = &mut cfg.scheduling_choice
+        && db.preferred_batch_size.is_empty()
+        && max > 0
+    {
+        db.preferred_batch_size = vec![max];
+    }
+    if cfg.platform == "ensemble" {
+        return;
+    }
+    let opt = cfg.optimization.get_or_insert_with(Default::default);
+    opt.input_pinned_memory.get_or_insert(
+        crate::proto::inference::model_optimization_policy::PinnedMemoryBuffer { enable: true },
+    );
+    opt.output_pinned_memory.get_or_insert(
+        crate::proto::inference::model_optimization_policy::PinnedMemoryBuffer { enable: true },
+    );
+    if cfg.instance_group.is_empty() {
+        cfg.instance_group.push(ModelInstanceGroup {
+            name: cfg.name.clone(),
+            ..Default::default()
+        });
+    }
+    let default_count = if cfg.backend == "onnxruntime" { 2 } else { 1 };
+    for (i, group) in cfg.instance_group.iter_mut().enumerate() {
+        if group.name.is_empty() {
+            group.name = format!("{}_{i}", cfg.name);
+        }
+        // No GPU support in this build: KIND_AUTO resolves to CPU.
+        if group.kind == Kind::Auto as i32 {
+            group.kind = Kind::Cpu as i32;
+        }
+        if group.count < 1 {
+            group.count = if group.kind == Kind::Cpu as i32 {
+                default_count
+            } else {
+                1
+            };
+        }
+    }
+}
+
+mod checks;
+pub use checks::{check_against_model, validate};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,258 @@
+//! Validation of an effective config (§5.4), and of config against what the model file declares.
+use super::*;
+
+fn check_dims(what: &str, name: &str, dims: &[i64], allow_empty: bool) -> Result<(), String> {
+    if dims.is_empty() && !allow_empty {
+        return Err(format!("{what} '{name}' must specify 'dims'"));
+    }
+    if let Some(bad) = dims.iter().find(|&&d| d != -1 && d < 1) {
+        return Err(format!(
+            "{what} '{name}' dims {}: dimension {bad} is invalid; dimension must be integer >= 1, or -1 to indicate a variable-size dimension",
+            shape_string(dims)
+        ));
+    }
+    Ok(())
+}
+
+fn check_reshape(
+    what: &str,
+    name: &str,
+    dims: &[i64],
+    reshape: Option<&ModelTensorReshape>,
+    batching: bool,
+) -> Result<(), String> {
+    let Some(r) = reshape else { return Ok(()) };
+    if r.shape.is_empty() && !batching {
+        return Err(format!(
+            "{what} '{name}': an empty reshape is only allowed for models with max_batch_size > 0"
+        ));
+    }
+    check_dims(what, name, &r.shape, true)?;
+    let count = |s: &[i64]| s.iter().filter(|&&d| d != -1).product::<i64>();
+    let vars = |s: &[i64]| s.iter().filter(|&&d| d == -1).count();
+    if count(dims) != count(&r.shape) || vars(dims) != vars(&r.shape) {
+        return Err(format!(
+            "{what} '{name}' has different size for dims {} and reshape {}",
+            shape_string(dims),
+            shape_string(&r.shape)
+        ));
+    }
+    Ok(())
+}
+
+fn check_datatype(what: &str, name: &str, n: i32) -> Result<(), String> {
+    DataType::from_config(n)
+        .map(|_| ())
+        .ok_or_else(|| format!("{what} '{name}' must specify a valid 'data_type'"))
+}
+
+/// The rules of model-config.md §5.4 that apply to models ferry can run.
+pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
+    if cfg.max_batch_size < 0 {
+        return Err(format!(
+            "max_batch_size must be >= 0, got {}",
+            cfg.max_batch_size
+        ));
+    }
+    let batching = cfg.max_batch_size > 0;
+    if cfg.input.is_empty() || cfg.output.is_empty() {
+        return Err(format!(
+            "model '{}' must list at least one input and one output (or leave them to auto-complete)",
+            cfg.name
+        ));
+    }
+    for i in &cfg.input {
+        if i.name.is_empty() {
+            return Err("every input must specify 'name'".into());
+        }
+        check_datatype("input", &i.name, i.data_type)?;
+        check_dims("input", &i.name, &i.dims, false)?;
+        check_reshape("input", &i.name, &i.dims, i.reshape.as_ref(), batching)?;
+    }
+    for o in &cfg.output {
+        if o.name.is_empty() {
+            return Err("every output must specify 'name'".into());
+        }
+        check_datatype("output", &o.name, o.data_type)?;
+        check_dims("output", &o.name, &o.dims, false)?;
+        check_reshape("output", &o.name, &o.dims, o.reshape.as_ref(), batching)?;
+    }
+    let mut names: Vec<&str> = cfg.input.iter().map(|i| i.name.as_str()).collect();
+    names.sort_unstable();
+    if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+        return Err(format!("input '{}' is listed more than once", w[0]));
+    }
+    match &cfg.scheduling_choice {
+        Some(SchedulingChoice::DynamicBatching(db)) => {
+            validate_dynamic_batching(db, cfg.max_batch_size)?
+        }
+        Some(SchedulingChoice::SequenceBatching(_)) => {
+            return Err("sequence_batching is not supported by ferry yet".into());
+        }
+        Some(SchedulingChoice::EnsembleScheduling(_)) => {
+            return Err("ensemble_scheduling is not supported by ferry yet".into());
+        }
+        None => {}
+    }
+    if cfg
+        .model_transaction_policy
+        .as_ref()
+        .is_some_and(|p| p.decoupled)
+    {
+        return Err("model_transaction_policy.decoupled is not supported for ONNX models".into());
+    }
+    for w in &cfg.model_warmup {
+        for (name, input) in &w.inputs {
+            if input.dims.contains(&-1) {
+                return Err(format!(
+                    "model_warmup '{}': warmup setting expects all variable-size dimensions are specified for input '{name}'",
+                    w.name
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn validate_dynamic_batching(db: &ModelDynamicBatching, max: i32) -> Result<(), String> {
+    if let Some(p) = db.preferred_batch_size.iter().find(|&&p| p < 1 || p > max) {
+        return Err(format!(
+            "dynamic_batching.preferred_batch_size {p} must be between 1 and max_batch_size {max}"
+        ));
+    }
+    let levels = db.priority_levels;
+    if levels > 0 {
+        if db.default_priority_level < 1 || db.default_priority_level > levels {
+            return Err(format!(
+                "dynamic_batching.default_priority_level {} must be between 1 and priority_levels {levels}",
+                db.default_priority_level
+            ));
+        }
+        if let Some(k) = db
+            .priority_queue_policy
+            .keys()
+            .find(|&&k| k < 1 || k > levels)
+        {
+            return Err(format!(
+                "dynamic_batching.priority_queue_policy key {k} must be between 1 and priority_levels {levels}"
+            ));
+        }
+    }
+    if db.preserve_ordering && levels > 1 {
+        return Err("dynamic_batching.preserve_ordering allows at most 1 priority level".into());
+    }
+    Ok(())
+}
+
+/// Config inputs and outputs must exist in the model with the same datatype and a compatible
+/// shape; every input the model needs must be in the config.
+pub fn check_against_model(cfg: &ModelConfig, io: &ModelIo) -> Result<(), String> {
+    if io.inputs.is_empty() && io.outputs.is_empty() {
+        return Ok(()); // the backend declares nothing to compare with
+    }
+    let batching = cfg.max_batch_size > 0;
+    for i in &cfg.input {
+        let m = find(&io.inputs, &i.name, "input", cfg)?;
+        compare(
+            &cfg.name,
+            "input",
+            &i.name,
+            i.data_type,
+            &i.dims,
+            i.reshape.as_ref(),
+            m,
+            batching,
+        )?;
+    }
+    if let Some(missing) = io
+        .inputs
+        .iter()
+        .find(|m| !cfg.input.iter().any(|i| i.name == m.name))
+    {
+        return Err(format!(
+            "model '{}': the model requires input '{}', which the configuration does not list",
+            cfg.name, missing.name
+        ));
+    }
+    for o in &cfg.output {
+        let m = find(&io.outputs, &o.name, "output", cfg)?;
+        compare(
+            &cfg.name,
+            "output",
+            &o.name,
+            o.data_type,
+            &o.dims,
+            o.reshape.as_ref(),
+            m,
+            batching,
+        )?;
+    }
+    Ok(())
+}
+
+fn find<'a>(
+    list: &'a [TensorInfo],
+    name: &str,
+    what: &str,
+    cfg: &ModelConfig,
+) -> Result<&'a TensorInfo, String> {
+    list.iter().find(|t| t.name == name).ok_or_else(|| {
+        let have: Vec<&str> = list.iter().map(|t| t.name.as_str()).collect();
+        format!(
+            "model '{}': configuration {what} '{name}' is not a {what} of the model (the model's {what}s: {})",
+            cfg.name,
+            have.join(", ")
+        )
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+fn compare(
+    model: &str,
+    what: &str,
+    name: &str,
+    data_type: i32,
+    dims: &[i64],
+    reshape: Option<&ModelTensorReshape>,
+    m: &TensorInfo,
+    batching: bool,
+) -> Result<(), String> {
+    let config_dt = DataType::from_config(data_type);
+    if m.datatype != config_dt {
+        let model_dt = m
+            .datatype
+            .map_or("an unsupported type", |d| d.config_name());
+        return Err(format!(
+            "model '{model}', {what} '{name}': the configuration says {} but the model has {model_dt}",
+            config_dt.map_or("TYPE_INVALID", |d| d.config_name())
+        ));
+    }
+    if batching && m.shape.first() != Some(&-1) {
+        return Err(format!(
+            "model '{model}', {what} '{name}': max_batch_size > 0 needs a variable first (batch) dimension, but the \
+             model's shape is {}",
+            shape_string(&m.shape)
+        ));
+    }
+    let seen = reshape.map_or(dims, |r| &r.shape[..]);
+    let mut expected: Vec<i64> = if batching { vec![-1] } else { Vec::new() };
+    expected.extend_from_slice(seen);
+    let fits = expected.len() == m.shape.len()
+        && expected
+            .iter()
+            .zip(&m.shape)
+            .all(|(&c, &d)| c == -1 || d == -1 || c == d);
+    if !fits {
+        return Err(format!(
+            "model '{model}', {what} '{name}': the model's shape is {} but the configuration gives {}{}",
+            shape_string(&m.shape),
+            shape_string(&expected),
+            if batching {
+                " (the leading -1 is the batch dimension from max_batch_size > 0)"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(())
+}

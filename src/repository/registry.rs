@@ -1,0 +1,267 @@
+//! Which model versions exist, their states, and the ones serving. Swaps are atomic: a new set of
+//! versions replaces the old one under one write lock, and the replaced versions are handed back
+//! to be retired once their admitted requests finish.
+use std::{
+    collections::BTreeMap,
+    sync::{Arc, RwLock, RwLockReadGuard, RwLockWriteGuard},
+};
+
+use crate::{
+    error::{Error, Result},
+    model::ModelVersion,
+};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    Unknown,
+    Ready,
+    Unavailable,
+    Loading,
+    Unloading,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Unknown => "UNKNOWN",
+            State::Ready => "READY",
+            State::Unavailable => "UNAVAILABLE",
+            State::Loading => "LOADING",
+            State::Unloading => "UNLOADING",
+        }
+    }
+}
+
+/// One row of the repository index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub name: String,
+    /// None: the model was never loaded.
+    pub version: Option<u64>,
+    pub state: State,
+    pub reason: String,
+}
+
+#[derive(Default)]
+struct Slot {
+    state: Option<State>,
+    reason: String,
+    serving: Option<Arc<ModelVersion>>,
+}
+
+#[derive(Default)]
+struct Entry {
+    versions: BTreeMap<u64, Slot>,
+    /// A failure that concerns the whole model (its config), shown when it has no versions.
+    reason: Option<String>,
+    /// Unloaded on purpose: strict readiness does not wait for it.
+    unloaded: bool,
+}
+
+/// The outcome of loading one version.
+pub type VersionOutcome = std::result::Result<Arc<ModelVersion>, String>;
+
+#[derive(Default)]
+pub struct Registry {
+    models: RwLock<BTreeMap<String, Entry>>,
+}
+
+impl Registry {
+    fn read(&self) -> RwLockReadGuard<'_, BTreeMap<String, Entry>> {
+        self.models.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, BTreeMap<String, Entry>> {
+        self.models.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The version a request should run on: the one asked for, else the highest ready one.
+    pub fn resolve(&self, name: &str, version: Option<u64>) -> Result<Arc<ModelVersion>> {
+        let models = self.read();
+        let unknown =
+            || Error::not_found(format!("Request for unknown model: '{name}' is not found"));
+        let entry = models.get(name).ok_or_else(unknown)?;
+        match version {
+            Some(v) => {
+                let slot = entry.versions.get(&v).ok_or_else(|| {
+                    Error::not_found(format!(
+                        "Request for unknown model: '{name}' version {v} is not found"
+                    ))
+                })?;
+                slot.serving.clone().ok_or_else(|| {
+                    Error::unavailable(format!(
+                        "Request for unknown model: '{name}' version {v} is not at ready state"
+                    ))
+                })
+            }
+            None => entry
+                .versions
+                .values()
+                .rev()
+                .find_map(|s| s.serving.clone())
+                .ok_or_else(|| match &entry.reason {
+                    Some(reason) if entry.versions.is_empty() => Error::unavailable(format!(
+                        "Request for unknown model: '{name}' is not available: {reason}"
+                    )),
+                    _ => Error::not_found(format!(
+                        "Request for unknown model: '{name}' has no available versions"
+                    )),
+                }),
+        }
+    }
+
+    /// Every serving version of one model (ascending), or of all models (by name).
+    pub fn serving(&self, name: Option<&str>) -> Vec<Arc<ModelVersion>> {
+        let models = self.read();
+        models
+            .iter()
+            .filter(|(n, _)| name.is_none_or(|want| want == n.as_str()))
+            .flat_map(|(_, e)| e.versions.values().filter_map(|s| s.serving.clone()))
+            .collect()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.read().contains_key(name)
+    }
+
+    /// Strict readiness: every known version ready, except models unloaded on purpose.
+    pub fn all_ready(&self) -> bool {
+        self.read().values().filter(|e| !e.unloaded).all(|e| {
+            e.reason.is_none()
+                && e.versions
+                    .values()
+                    .all(|s| s.serving.is_some() && s.state == Some(State::Ready))
+        })
+    }
+
+    pub fn index(&self) -> Vec<IndexEntry> {
+        let models = self.read();
+        let mut out = Vec::new();
+        for (name, e) in models.iter() {
+            if e.versions.is_empty() {
+                let state = if e.reason.is_some() {
+                    State::Unavailable
+                } else {
+                    State::Unknown
+                };
+                out.push(IndexEntry {
+                    name: name.clone(),
+                    version: None,
+                    state,
+                    reason: e.reason.clone().unwrap_or_default(),
+                });
+            }
+            for (v, s) in &e.versions {
+                out.push(IndexEntry {
+                    name: name.clone(),
+                    version: Some(*v),
+                    state: s.state.unwrap_or(State::Unknown),
+                    reason: s.reason.clone(),
+                });
+            }
+        }
+        out
+    }
+
+    /// Marks versions as loading (those already serving keep serving).
+    pub fn mark_loading(&self, name: &str, versions: &[u64]) {
+        let mut models = self.write();
+        let entry = models.entry(name.to_string()).or_default();
+        entry.unloaded = false;
+        for v in versions {
+            let slot = entry.versions.entry(*v).or_default();
+            if slot.serving.is_none() {
+                slot.state = Some(State::Loading);
+                slot.reason.clear();
+            }
+        }
+    }
+
+    /// A failure before any version could be tried (config, storage): versions already serving
+    /// keep serving and carry the reason.
+    pub fn fail_model(&self, name: &str, reason: &str) {
+        let mut models = self.write();
+        let entry = models.entry(name.to_string()).or_default();
+        entry.unloaded = false;
+        if entry.versions.values().any(|s| s.serving.is_some()) {
+            for s in entry.versions.values_mut() {
+                s.reason = format!("reload failed, still serving the previous load: {reason}");
+            }
+        } else {
+            entry
+                .versions
+                .retain(|_, s| s.state != Some(State::Loading));
+            entry.reason = Some(reason.to_string());
+        }
+    }
+
+    /// Installs the outcome of a load in one step. Versions that loaded replace what served
+    /// before; versions that failed leave an old copy serving when there is one; versions
+    /// outside the new set leave service. Returns the versions to retire.
+    pub fn install(
+        &self,
+        name: &str,
+        outcomes: BTreeMap<u64, VersionOutcome>,
+    ) -> Vec<Arc<ModelVersion>> {
+        let mut models = self.write();
+        let entry = models.entry(name.to_string()).or_default();
+        entry.reason = None;
+        entry.unloaded = false;
+        let mut retired = Vec::new();
+        let old: Vec<u64> = entry.versions.keys().copied().collect();
+        for v in old.into_iter().filter(|v| !outcomes.contains_key(v)) {
+            if let Some(slot) = entry.versions.remove(&v) {
+                retired.extend(slot.serving);
+            }
+        }
+        for (v, outcome) in outcomes {
+            let slot = entry.versions.entry(v).or_default();
+            match outcome {
+                Ok(new) => {
+                    retired.extend(slot.serving.replace(new));
+                    slot.state = Some(State::Ready);
+                    slot.reason.clear();
+                }
+                Err(reason) if slot.serving.is_some() => {
+                    slot.state = Some(State::Ready);
+                    slot.reason =
+                        format!("reload failed, still serving the previous load: {reason}");
+                }
+                Err(reason) => {
+                    slot.state = Some(State::Unavailable);
+                    slot.reason = reason;
+                }
+            }
+        }
+        retired
+    }
+
+    /// Takes every version out of service; returns them to retire.
+    pub fn unload(&self, name: &str) -> Vec<Arc<ModelVersion>> {
+        let mut models = self.write();
+        let Some(entry) = models.get_mut(name) else {
+            return Vec::new();
+        };
+        entry.unloaded = true;
+        entry.reason = None;
+        entry
+            .versions
+            .values_mut()
+            .filter_map(|s| {
+                s.state = Some(State::Unavailable);
+                s.reason = "unloaded".into();
+                s.serving.take()
+            })
+            .collect()
+    }
+
+    /// Records a model name that exists in a repository but is not loaded.
+    pub fn know(&self, name: &str) {
+        self.write()
+            .entry(name.to_string())
+            .or_insert_with(|| Entry {
+                unloaded: true,
+                ..Default::default()
+            });
+    }
+}

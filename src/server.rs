@@ -1,0 +1,146 @@
+//! Wiring: backends, the repository and its registry, the engine, and the listeners; start-up
+//! loading; graceful shutdown (stop taking requests, finish those in flight, release models).
+use std::{future::Future, path::PathBuf, sync::Arc};
+
+use tokio::net::TcpListener;
+
+use crate::{
+    backend::{Backends, identity::IdentityBackend, onnx::OnnxBackend},
+    config::Config,
+    engine::{EXTENSIONS, Engine, ServerInfo},
+    frontend::http::{HttpState, router},
+    repository::{
+        embedded,
+        loader::{LoadOptions, Loader},
+        registry::Registry,
+        scan,
+    },
+};
+
+/// Runs the server until `shutdown` completes. Errors are start-up failures, already worded for
+/// the operator.
+pub async fn run(
+    config: Config,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), String> {
+    let (roots, _extracted) = repositories(&config)?;
+    let backends = Backends::new(vec![
+        Arc::new(OnnxBackend::new(config.onnxruntime_library.clone())),
+        Arc::new(IdentityBackend),
+    ]);
+    let registry = Arc::new(Registry::default());
+    let options = LoadOptions {
+        auto_complete: config.auto_complete,
+        default_max_batch_size: config.default_max_batch_size,
+        cores: config.cores,
+    };
+    let loader = Arc::new(Loader::new(backends, Arc::clone(&registry), options));
+    let info = ServerInfo {
+        name: config.server_id.clone(),
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        extensions: EXTENSIONS.iter().map(|s| s.to_string()).collect(),
+    };
+    let engine = Arc::new(Engine::new(
+        Arc::clone(&registry),
+        info,
+        config.strict_readiness,
+    ));
+
+    let listener = TcpListener::bind(config.http_addr)
+        .await
+        .map_err(|e| format!("cannot listen for HTTP on {}: {e}", config.http_addr))?;
+    let http_addr = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!("HTTP KServe v2 service listening on {http_addr}");
+    let state = Arc::new(HttpState {
+        engine: Arc::clone(&engine),
+        max_input_size: config.http_max_input_size,
+    });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut stop_http = stop_rx.clone();
+    let http = tokio::spawn(async move {
+        axum::serve(listener, router(state))
+            .with_graceful_shutdown(async move {
+                let _ = stop_http.wait_for(|s| *s).await;
+            })
+            .await
+    });
+
+    let failures = load_all(&loader, &roots).await;
+    if !failures.is_empty() && config.exit_on_error {
+        let _ = stop_tx.send(true);
+        return Err(format!(
+            "failed to load all models (--exit-on-error=true): {}",
+            failures.join("; ")
+        ));
+    }
+    engine.set_serving();
+    tracing::info!(models = registry.serving(None).len(), "ferry is serving");
+
+    shutdown.await;
+    tracing::info!("shutting down: finishing requests in flight");
+    engine.set_exiting();
+    let _ = stop_tx.send(true);
+    match http.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "HTTP service stopped with an error"),
+        Err(e) => tracing::error!(error = %e, "HTTP service task failed"),
+    }
+    for model in registry.serving(None) {
+        loader.unload(&model.name);
+    }
+    Ok(())
+}
+
+/// The repository roots to serve; with none configured, the embedded examples extracted to a
+/// temporary folder (kept alive by the returned guard).
+fn repositories(config: &Config) -> Result<(Vec<PathBuf>, Option<tempfile::TempDir>), String> {
+    if !config.model_repositories.is_empty() {
+        for root in &config.model_repositories {
+            if !root.is_dir() {
+                return Err(format!(
+                    "model repository '{}' is not a readable folder",
+                    root.display()
+                ));
+            }
+        }
+        return Ok((config.model_repositories.clone(), None));
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("ferry-examples-")
+        .tempdir()
+        .map_err(|e| format!("cannot create a folder for the example repository: {e}"))?;
+    let files = embedded::extract(dir.path())
+        .map_err(|e| format!("cannot write the example repository: {e}"))?;
+    tracing::info!(folder = %dir.path().display(), files, "no --model-repository given: serving the embedded example repository");
+    Ok((vec![dir.path().to_path_buf()], Some(dir)))
+}
+
+/// Loads every model found, a few at a time; returns a line per failure.
+async fn load_all(loader: &Arc<Loader>, roots: &[PathBuf]) -> Vec<String> {
+    let (found, duplicates) = scan(roots);
+    let mut failures: Vec<String> = Vec::new();
+    for (name, reason) in duplicates {
+        tracing::error!(model = %name, error = %reason, "model not loaded");
+        loader.registry().fail_model(&name, &reason);
+        failures.push(reason);
+    }
+    let limit = Arc::new(tokio::sync::Semaphore::new(4));
+    let tasks: Vec<_> = found
+        .into_iter()
+        .map(|f| {
+            let (loader, limit) = (Arc::clone(loader), Arc::clone(&limit));
+            tokio::spawn(async move {
+                let _permit = limit.acquire().await;
+                loader.load(&f.name, &f.dir, None).await
+            })
+        })
+        .collect();
+    for task in tasks {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failures.push(e.to_string()),
+            Err(e) => failures.push(format!("a model load task failed: {e}")),
+        }
+    }
+    failures
+}
