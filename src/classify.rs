@@ -59,7 +59,7 @@ pub fn classify(t: &Tensor, batching: bool, k: usize, labels: &[String]) -> Resu
     } else {
         1
     };
-    let per_item = if items == 0 { 0 } else { count / items };
+    let per_item = count.checked_div(items).unwrap_or(0);
     let keep = k.min(per_item);
     let vals = values(t)?;
     let mut data = Vec::new();

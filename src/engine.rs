@@ -215,7 +215,7 @@ impl Engine {
                             back.0.id
                         )));
                     }
-                    validated = back.0;
+                    validated = *back.0;
                     model = next;
                 }
             }

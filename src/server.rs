@@ -24,10 +24,16 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     let (roots, _extracted) = repositories(&config)?;
-    let backends = Backends::new(vec![
-        Arc::new(OnnxBackend::new(config.onnxruntime_library.clone())),
-        Arc::new(IdentityBackend),
-    ]);
+    let onnx = Arc::new(OnnxBackend::new(config.onnxruntime_library.clone()));
+    // ONNX Runtime is found and loaded once, up front, so a missing library is one clear
+    // start-up error rather than one failure per model.
+    if let Err(e) = onnx.environment() {
+        if config.exit_on_error {
+            return Err(e.to_string());
+        }
+        tracing::error!("{e}; ONNX models will not load");
+    }
+    let backends = Backends::new(vec![onnx, Arc::new(IdentityBackend)]);
     let registry = Arc::new(Registry::default());
     let options = LoadOptions {
         auto_complete: config.auto_complete,

@@ -232,7 +232,7 @@ fn check_byte_size(model: &str, t: &InputTensor) -> Result<()> {
     })?;
     match t.datatype.size() {
         Some(size) => {
-            let expected = count.checked_mul(size).unwrap_or(usize::MAX);
+            let expected = count.saturating_mul(size);
             if expected != t.data.len() {
                 return Err(Error::invalid(format!(
                     "input byte size mismatch for input '{}' for model '{model}'. Expected {expected}, got {}",

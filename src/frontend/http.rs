@@ -70,21 +70,19 @@ async fn method_not_allowed() -> Response {
 }
 
 /// The model and version named by the path. A version that is not a number is a route miss.
-fn target(Path(params): Params) -> Result<(String, Option<u64>), Response> {
+fn target(Path(params): Params) -> Result<(String, Option<u64>), Error> {
     let get = |k: &str| params.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
     let model = get("model").unwrap_or_default().to_string();
     match get("version") {
         None => Ok((model, None)),
         Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => match v.parse() {
             Ok(n) => Ok((model, Some(n))),
-            Err(_) => Err(error_response(&Error::invalid(format!(
+            Err(_) => Err(Error::invalid(format!(
                 "invalid model version specified '{v}'"
-            )))),
+            ))),
         },
-        Some(_) => Err(json_response(
-            StatusCode::NOT_FOUND,
-            &json!({"error": "Not Found"}),
-        )),
+        // A version that is not a number does not match the route.
+        Some(_) => Err(Error::not_found("Not Found")),
     }
 }
 
@@ -130,7 +128,7 @@ fn metadata_json(m: &ModelMetadata) -> Value {
 async fn model_metadata(State(s): AppState, path: Params) -> Response {
     let (model, version) = match target(path) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(e) => return error_response(&e),
     };
     match s.engine.model_metadata(&model, version) {
         Ok(m) => json_response(StatusCode::OK, &metadata_json(&m)),
@@ -141,7 +139,7 @@ async fn model_metadata(State(s): AppState, path: Params) -> Response {
 async fn model_ready(State(s): AppState, path: Params) -> Response {
     let (model, version) = match target(path) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(e) => return error_response(&e),
     };
     match s.engine.model_ready(&model, version) {
         Ok(()) => StatusCode::OK.into_response(),
@@ -152,7 +150,7 @@ async fn model_ready(State(s): AppState, path: Params) -> Response {
 async fn model_config(State(s): AppState, path: Params) -> Response {
     let (model, version) = match target(path) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(e) => return error_response(&e),
     };
     match s.engine.model_config(&model, version) {
         Ok(cfg) => json_response(StatusCode::OK, &pbtxt::to_json(&cfg)),
@@ -208,7 +206,7 @@ async fn all_stats(State(s): AppState) -> Response {
 async fn model_stats(State(s): AppState, path: Params) -> Response {
     let (model, version) = match target(path) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(e) => return error_response(&e),
     };
     match s.engine.statistics(Some(&model), version) {
         Ok(all) => json_response(StatusCode::OK, &stats_json(&all)),
@@ -223,7 +221,7 @@ fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 async fn infer(State(s): AppState, path: Params, headers: HeaderMap, body: Body) -> Response {
     let (model, version) = match target(path) {
         Ok(t) => t,
-        Err(r) => return r,
+        Err(e) => return error_response(&e),
     };
     match infer_inner(&s, model, version, &headers, body).await {
         Ok(r) => r,

@@ -94,7 +94,7 @@ impl Shared {
 
 /// A request the scheduler did not take because its version was retired; the caller may resolve
 /// the model again and submit it to the version that replaced it.
-pub struct Retired(pub ValidatedRequest);
+pub struct Retired(pub Box<ValidatedRequest>);
 
 pub struct Scheduler {
     shared: Arc<Shared>,
@@ -139,7 +139,7 @@ impl Scheduler {
         let (tx, rx) = oneshot::channel();
         let mut q = self.shared.lock();
         if q.stopping {
-            return Err(Retired(req));
+            return Err(Retired(Box::new(req)));
         }
         q.jobs.push_back(Job {
             req,

@@ -207,7 +207,10 @@ fn json_data(
     Ok(Bytes::from(out))
 }
 
-fn outputs(list: Vec<OutputHeader>) -> Result<(Vec<RequestedOutput>, Vec<(String, bool)>)> {
+/// The requested outputs, and each one's binary flag.
+type Outputs = (Vec<RequestedOutput>, Vec<(String, bool)>);
+
+fn outputs(list: Vec<OutputHeader>) -> Result<Outputs> {
     let mut requested = Vec::with_capacity(list.len());
     let mut listed = Vec::with_capacity(list.len());
     for o in list {

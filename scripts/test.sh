@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The whole test suite: formatting and lints, Rust unit tests, then the integration tests that start
+# the real binary on 127.0.0.1 port 0 and drive it with the official Python clients.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/venv.sh
+cargo fmt --all -- --check
+cargo clippy --all-targets --locked -- -D warnings
+cargo test --locked
+cargo build --locked
+FERRY_BIN="$PWD/target/debug/ferry" python -m pytest tests/python -q "$@"

@@ -1,0 +1,105 @@
+"""Starts the real ferry binary on 127.0.0.1 port 0 and waits for it; used by every test."""
+import os
+import re
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+
+import tritonclient.http as httpclient
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BINARY = os.environ.get("FERRY_BIN", os.path.join(ROOT, "target", "debug", "ferry"))
+LISTENING = re.compile(r"HTTP KServe v2 service listening on ([\d.]+):(\d+)")
+
+
+class Server:
+    """One ferry process. `args` are extra `ferry serve` flags; `env` extra environment."""
+
+    def __init__(self, args=(), env=None, wait_ready=True, timeout=60, expect_exit=False):
+        full_env = dict(os.environ)
+        full_env.update(env or {})
+        self.cmd = [BINARY, "serve", "--http-address=127.0.0.1", "--http-port=0", *args]
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, text=True)
+        self.lines = []
+        self.port = None
+        self._seen = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+        if expect_exit:
+            return
+        self._wait_port(timeout)
+        if wait_ready:
+            self.wait_ready(timeout)
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self._seen:
+                self.lines.append(line)
+                m = LISTENING.search(line)
+                if m and self.port is None:
+                    self.port = int(m.group(2))
+                self._seen.notify_all()
+        with self._seen:
+            self._seen.notify_all()
+
+    def _wait_port(self, timeout):
+        deadline = time.time() + timeout
+        with self._seen:
+            while self.port is None:
+                if self.proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"ferry did not start: {self.cmd}\n{self.log()}")
+                self._seen.wait(0.1)
+
+    @property
+    def url(self):
+        return f"127.0.0.1:{self.port}"
+
+    def client(self):
+        return httpclient.InferenceServerClient(self.url)
+
+    def log(self):
+        with self._seen:
+            return "".join(self.lines)
+
+    def status(self, path):
+        try:
+            with urllib.request.urlopen(f"http://{self.url}{path}", timeout=5) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    def wait_ready(self, timeout=60):
+        """Waits until start-up loading is over (ready, or live but some model failed)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"ferry exited with {self.proc.returncode}:\n{self.log()}")
+            if "ferry is serving" in self.log():
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"ferry was not serving after {timeout}s:\n{self.log()}")
+
+    def wait_exit(self, timeout=60):
+        """Waits for the process to end (and its output to be read); returns its exit code."""
+        code = self.proc.wait(timeout)
+        deadline = time.time() + 5
+        while not self.proc.stdout.closed and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.1)
+        return code
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,111 @@
+"""Fixture model repositories for the integration tests, written with the `onnx` helpers."""
+import os
+import shutil
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+# protocol datatype -> (ONNX element type, numpy dtype used by tritonclient)
+DATATYPES = {
+    "BOOL": (TensorProto.BOOL, np.bool_),
+    "UINT8": (TensorProto.UINT8, np.uint8),
+    "UINT16": (TensorProto.UINT16, np.uint16),
+    "UINT32": (TensorProto.UINT32, np.uint32),
+    "UINT64": (TensorProto.UINT64, np.uint64),
+    "INT8": (TensorProto.INT8, np.int8),
+    "INT16": (TensorProto.INT16, np.int16),
+    "INT32": (TensorProto.INT32, np.int32),
+    "INT64": (TensorProto.INT64, np.int64),
+    "FP16": (TensorProto.FLOAT16, np.float16),
+    "FP32": (TensorProto.FLOAT, np.float32),
+    "FP64": (TensorProto.DOUBLE, np.float64),
+    "BYTES": (TensorProto.STRING, np.object_),
+    "BF16": (TensorProto.BFLOAT16, None),  # ml_dtypes.bfloat16 in tritonclient
+}
+CONFIG_TYPE = {k: ("TYPE_STRING" if k == "BYTES" else f"TYPE_{k}") for k in DATATYPES}
+
+
+def save(graph, path, opset=17):
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="ferry-tests")
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    onnx.save(model, path)
+
+
+def write(path, text):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def identity(repo, name, datatype, batched=True, config=True):
+    """INPUT0 -> OUTPUT0 unchanged; batched models take [-1, -1], others [-1]."""
+    elem = DATATYPES[datatype][0]
+    shape = ["batch", "n"] if batched else ["n"]
+    x = helper.make_tensor_value_info("INPUT0", elem, shape)
+    y = helper.make_tensor_value_info("OUTPUT0", elem, shape)
+    graph = helper.make_graph([helper.make_node("Identity", ["INPUT0"], ["OUTPUT0"])], name, [x], [y])
+    save(graph, os.path.join(repo, name, "1", "model.onnx"))
+    if config:
+        write(os.path.join(repo, name, "config.pbtxt"), f"""
+max_batch_size: {8 if batched else 0}
+input [ {{ name: "INPUT0" data_type: {CONFIG_TYPE[datatype]} dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: {CONFIG_TYPE[datatype]} dims: [ -1 ] }} ]
+""")
+
+
+def add_mul(repo, name, versions=(1,), config=None, scale=None):
+    """y = a + b and z = a * b on FP32 [-1, 4]; version v adds v-1 to y so versions differ."""
+    for v in versions:
+        a = helper.make_tensor_value_info("a", TensorProto.FLOAT, ["batch", 4])
+        b = helper.make_tensor_value_info("b", TensorProto.FLOAT, ["batch", 4])
+        y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 4])
+        z = helper.make_tensor_value_info("z", TensorProto.FLOAT, ["batch", 4])
+        offset = numpy_helper.from_array(np.array(float(v - 1), dtype=np.float32), "offset")
+        nodes = [
+            helper.make_node("Add", ["a", "b"], ["s"]),
+            helper.make_node("Add", ["s", "offset"], ["y"]),
+            helper.make_node("Mul", ["a", "b"], ["z"]),
+        ]
+        graph = helper.make_graph(nodes, name, [a, b], [y, z], initializer=[offset])
+        save(graph, os.path.join(repo, name, str(v), "model.onnx"))
+    if config is not None:
+        write(os.path.join(repo, name, "config.pbtxt"), config)
+
+
+ONNX_DATA = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", "light")
+
+
+def densenet(repo, name="densenet_onnx"):
+    """The DenseNet-121 of the ONNX model zoo, as shipped inside the `onnx` PyPI package (light
+    weights), with the config of Triton's quick-start `densenet_onnx` (reshape and labels)."""
+    dest = os.path.join(repo, name, "1", "model.onnx")
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    shutil.copy(os.path.join(ONNX_DATA, "light_densenet121.onnx"), dest)
+    write(os.path.join(repo, name, "labels.txt"), "".join(f"class_{i}\n" for i in range(1000)))
+    write(os.path.join(repo, name, "config.pbtxt"), """
+name: "densenet_onnx"
+platform: "onnxruntime_onnx"
+max_batch_size : 0
+input [
+  {
+    name: "data_0"
+    data_type: TYPE_FP32
+    format: FORMAT_NCHW
+    dims: [ 3, 224, 224 ]
+    reshape { shape: [ 1, 3, 224, 224 ] }
+  }
+]
+output [
+  {
+    name: "fc6_1"
+    data_type: TYPE_FP32
+    dims: [ 1000 ]
+    reshape { shape: [ 1, 1000, 1, 1 ] }
+    label_filename: "labels.txt"
+  }
+]
+""")
+    return os.path.join(ONNX_DATA, "light_densenet121.onnx")
