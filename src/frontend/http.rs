@@ -260,12 +260,13 @@ async fn infer_inner(
             ))
         })?),
     };
-    if header_len == Some(0) {
-        return Err(Error::unsupported(
-            "raw binary requests (Inference-Header-Content-Length: 0) are not supported yet",
-        ));
-    }
-    let (request, format) = codec::decode(&model, version, body, header_len)?;
+    let (request, format) = if header_len == Some(0) {
+        let meta = s.engine.model_metadata(&model, version)?;
+        let batching = s.engine.model_config(&model, version)?.max_batch_size > 0;
+        codec::decode_raw(&model, version, &meta.inputs, batching, body)?
+    } else {
+        codec::decode(&model, version, body, header_len)?
+    };
     let response = s.engine.infer(request).await?;
     let encoded = codec::encode(&response, &format)?;
     let mut builder = Response::builder().status(StatusCode::OK);

@@ -171,3 +171,30 @@ def test_server_metadata_and_health(server):
     assert not client.is_model_ready("simple", "2")
     with pytest.raises(InferenceServerException, match="unknown model"):
         client.get_model_metadata("nope")
+
+
+def test_raw_binary_request(server):
+    """Inference-Header-Content-Length: 0 — the body is the only input's data, outputs binary."""
+    import http.client
+    arr = np.arange(6, dtype=np.float32)
+    conn = http.client.HTTPConnection("127.0.0.1", server.port)
+    conn.request("POST", "/v2/models/identity_fp32/infer", body=arr.tobytes(), headers={"Inference-Header-Content-Length": "0"})
+    resp = conn.getresponse()
+    body = resp.read()
+    assert resp.status == 200, body
+    n = int(resp.headers["Inference-Header-Content-Length"])
+    header = json.loads(body[:n])
+    assert header["outputs"][0]["shape"] == [1, 6]
+    np.testing.assert_array_equal(np.frombuffer(body[n:], dtype=np.float32), arr)
+    conn.request("POST", "/v2/models/simple/infer", body=bytes(64), headers={"Inference-Header-Content-Length": "0"})
+    resp = conn.getresponse()
+    assert resp.status == 400 and "exactly one input" in json.loads(resp.read())["error"]
+
+
+def test_default_model_filename(fresh_repo):
+    from ferry_server import Server
+    models.add_mul(fresh_repo, "add_mul", config='default_model_filename: "net.onnx"\n')
+    os.rename(os.path.join(fresh_repo, "add_mul", "1", "model.onnx"), os.path.join(fresh_repo, "add_mul", "1", "net.onnx"))
+    with Server(["--model-repository", fresh_repo]) as s:
+        assert s.client().get_model_config("add_mul")["default_model_filename"] == "net.onnx"
+        assert s.client().is_model_ready("add_mul")

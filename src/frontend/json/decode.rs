@@ -6,6 +6,7 @@ use serde_json::{Map, Value, value::RawValue};
 
 use super::data;
 use crate::{
+    engine::TensorMetadata,
     error::{Error, Result},
     request::{InferRequest, InputTensor, ParamValue, Parameters, RequestedOutput},
     tensor::{DataType, element_count},
@@ -278,4 +279,83 @@ pub fn parameters(map: Option<Map<String, Value>>, what: &str) -> Result<Paramet
         out.insert(k, value);
     }
     Ok(out)
+}
+
+/// A raw binary request (`Inference-Header-Content-Length: 0`): the whole body is the data of
+/// the model's only input. Its shape comes from the model (batch 1; one variable dim is inferred
+/// from the size), and every output comes back binary.
+pub fn decode_raw(
+    model: &str,
+    version: Option<u64>,
+    inputs: &[TensorMetadata],
+    batching: bool,
+    body: Bytes,
+) -> Result<(InferRequest, OutputFormat)> {
+    let [input] = inputs else {
+        return Err(Error::invalid(format!(
+            "a raw binary request needs a model with exactly one input; '{model}' has {}",
+            inputs.len()
+        )));
+    };
+    let mut shape = input.shape.clone();
+    if batching {
+        shape[0] = 1;
+    }
+    let data = if input.datatype == DataType::Bytes {
+        if element_count(&shape) != Some(1) {
+            return Err(Error::invalid(format!(
+                "a raw binary request for BYTES input '{}' needs a model shape of one element, the model has {:?}",
+                input.name, input.shape
+            )));
+        }
+        let mut data = Vec::with_capacity(body.len() + 4);
+        crate::tensor::push_bytes_element(&mut data, &body);
+        Bytes::from(data)
+    } else {
+        let size = input.datatype.size().unwrap_or(1);
+        let variable = shape.iter().filter(|&&d| d < 0).count();
+        let known: usize = shape
+            .iter()
+            .filter(|&&d| d >= 0)
+            .map(|&d| d as usize)
+            .product::<usize>()
+            * size;
+        if variable > 1 {
+            return Err(Error::invalid(format!(
+                "a raw binary request cannot size input '{}' with shape {:?}: more than one variable dimension",
+                input.name, input.shape
+            )));
+        }
+        if variable == 1 {
+            if known == 0 || body.len() % known != 0 {
+                return Err(Error::invalid(format!(
+                    "raw binary body of {} bytes does not divide into elements of input '{}' (shape {:?})",
+                    body.len(),
+                    input.name,
+                    input.shape
+                )));
+            }
+            let fill = (body.len() / known) as i64;
+            shape.iter_mut().filter(|d| **d < 0).for_each(|d| *d = fill);
+        }
+        body
+    };
+    let request = InferRequest {
+        model_name: model.to_string(),
+        model_version: version,
+        inputs: vec![InputTensor {
+            name: input.name.clone(),
+            datatype: input.datatype,
+            shape,
+            data,
+        }],
+        ..Default::default()
+    };
+    Ok((
+        request,
+        OutputFormat {
+            listed: Vec::new(),
+            default_binary: true,
+        },
+    ))
 }
