@@ -4,7 +4,7 @@ use std::{env, fs, path::PathBuf};
 
 use prost::Message;
 
-const PROTOS: &[&str] = &["proto/model_config.proto"];
+const PROTOS: &[&str] = &["proto/model_config.proto", "proto/grpc_service.proto", "proto/health.proto"];
 
 fn main() {
     embed_examples();
@@ -16,6 +16,10 @@ fn main() {
     fs::write(out.join("ferry_descriptor.bin"), fds.encode_to_vec()).expect("write descriptor set");
     tonic_prost_build::configure()
         .build_client(false)
+        .build_server(true)
+        // Tensor bytes stay `Bytes`: decoded without a copy, sliced into tensors as they are.
+        .bytes(".inference.ModelInferRequest.raw_input_contents")
+        .bytes(".inference.ModelInferResponse.raw_output_contents")
         .compile_fds(fds)
         .expect("generate Rust from proto/");
 }
@@ -24,8 +28,7 @@ fn main() {
 /// repository on disk (top-level files of examples/, such as scripts, are not models).
 fn embed_examples() {
     println!("cargo:rerun-if-changed=examples");
-    let root =
-        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("manifest dir")).join("examples");
+    let root = PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("manifest dir")).join("examples");
     let mut files = Vec::new();
     if let Ok(entries) = fs::read_dir(&root) {
         for entry in entries.flatten().filter(|e| e.path().is_dir()) {
@@ -36,15 +39,8 @@ fn embed_examples() {
     let mut code = String::from("pub static FILES: &[(&str, &[u8])] = &[\n");
     for file in &files {
         println!("cargo:rerun-if-changed={}", file.display());
-        let rel = file
-            .strip_prefix(&root)
-            .expect("under examples/")
-            .to_string_lossy()
-            .replace('\\', "/");
-        code.push_str(&format!(
-            "    ({rel:?}, include_bytes!({:?})),\n",
-            file.display().to_string()
-        ));
+        let rel = file.strip_prefix(&root).expect("under examples/").to_string_lossy().replace('\\', "/");
+        code.push_str(&format!("    ({rel:?}, include_bytes!({:?})),\n", file.display().to_string()));
     }
     code.push_str("];\n");
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));

@@ -32,11 +32,7 @@ enum Command {
 #[derive(Args, Debug, Clone)]
 struct ServeArgs {
     /// Model repository path (repeatable). Without one, the embedded example repository is served.
-    #[arg(
-        long = "model-repository",
-        env = "FERRY_MODEL_REPOSITORY",
-        value_delimiter = ','
-    )]
+    #[arg(long = "model-repository", env = "FERRY_MODEL_REPOSITORY", value_delimiter = ',')]
     model_repository: Vec<PathBuf>,
     /// HTTP port for KServe v2 (0 = any free port).
     #[arg(long, env = "FERRY_HTTP_PORT", default_value_t = 8000)]
@@ -67,6 +63,16 @@ struct ServeArgs {
     /// Largest HTTP request body, in bytes (also after decompression).
     #[arg(long, env = "FERRY_HTTP_MAX_INPUT_SIZE", default_value_t = 64 * 1024 * 1024)]
     http_max_input_size: usize,
+    /// `none`: load every model at start; `explicit`: load `--load-model` models, then the
+    /// repository API loads and unloads.
+    #[arg(long, env = "FERRY_MODEL_CONTROL_MODE", default_value = "none", value_parser = ["none", "explicit"])]
+    model_control_mode: String,
+    /// Model to load at start in explicit mode (repeatable; `*` = all).
+    #[arg(long, env = "FERRY_LOAD_MODEL", value_delimiter = ',')]
+    load_model: Vec<String>,
+    /// Let clients register system shared memory regions for inputs and outputs.
+    #[arg(long, env = "FERRY_ALLOW_CLIENT_SHM", default_value = "false", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
+    allow_client_shm: bool,
     /// ONNX Runtime shared library (libonnxruntime.so); also read from ORT_DYLIB_PATH.
     #[arg(long, env = "FERRY_ONNXRUNTIME_LIBRARY")]
     onnxruntime_library: Option<PathBuf>,
@@ -89,6 +95,10 @@ pub struct Config {
     pub auto_complete: bool,
     pub exit_on_error: bool,
     pub strict_readiness: bool,
+    pub explicit_model_control: bool,
+    /// `--load-model` names (explicit mode).
+    pub load_models: Vec<String>,
+    pub allow_client_shm: bool,
     pub log_verbose: u32,
     /// RUST_LOG, when set: a tracing filter that overrides --log-verbose.
     pub log_filter: Option<String>,
@@ -113,10 +123,7 @@ impl Config {
         };
         let mut default_max_batch_size = 4;
         for setting in &a.backend_config {
-            match setting
-                .split_once(',')
-                .and_then(|(b, kv)| Some((b, kv.split_once('=')?)))
-            {
+            match setting.split_once(',').and_then(|(b, kv)| Some((b, kv.split_once('=')?))) {
                 Some(("onnxruntime", ("default-max-batch-size", v))) => {
                     default_max_batch_size = v.parse().map_err(|_| {
                         clap::Error::raw(
@@ -128,9 +135,7 @@ impl Config {
                 _ => {
                     return Err(clap::Error::raw(
                         clap::error::ErrorKind::InvalidValue,
-                        format!(
-                            "--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>\n"
-                        ),
+                        format!("--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>\n"),
                     ));
                 }
             }
@@ -143,6 +148,9 @@ impl Config {
             auto_complete: !(a.disable_auto_complete_config || a.strict_model_config),
             exit_on_error: a.exit_on_error,
             strict_readiness: a.strict_readiness,
+            explicit_model_control: a.model_control_mode == "explicit",
+            load_models: a.load_model,
+            allow_client_shm: a.allow_client_shm,
             log_verbose: a.log_verbose,
             log_filter: std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty()),
             http_max_input_size: a.http_max_input_size,
@@ -186,10 +194,7 @@ mod tests {
             "--backend-config=onnxruntime,default-max-batch-size=0",
         ])
         .unwrap();
-        assert_eq!(
-            c.model_repositories,
-            vec![PathBuf::from("/a"), PathBuf::from("/b")]
-        );
+        assert_eq!(c.model_repositories, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
         assert_eq!(c.http_addr.port(), 0);
         assert!(!c.auto_complete);
         assert!(!c.exit_on_error);

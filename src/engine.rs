@@ -13,8 +13,10 @@ use crate::{
     error::{Error, Result},
     model::ModelVersion,
     proto::inference::ModelConfig,
-    repository::registry::Registry,
-    request::{InferRequest, InferResponse},
+    repository::{control::ModelRepository, registry::Registry},
+    request::{InferRequest, InferResponse, ShmRef},
+    settings::{Logging, TraceSettings, TraceUpdate, Tracing},
+    shm::SharedMemory,
     stats::Snapshot,
     tensor::DataType,
     validate::validate,
@@ -23,10 +25,15 @@ use crate::{
 /// The extensions this server implements, in Triton's order.
 pub const EXTENSIONS: &[&str] = &[
     "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
     "model_configuration",
+    "system_shared_memory",
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "trace",
+    "logging",
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,25 +71,65 @@ const STARTING: u8 = 0;
 const SERVING: u8 = 1;
 const EXITING: u8 = 2;
 
+/// The services the engine fronts besides inference.
+pub struct Services {
+    pub repository: Arc<ModelRepository>,
+    pub logging: Logging,
+    pub tracing: Tracing,
+    pub shm: SharedMemory,
+}
+
 pub struct Engine {
     registry: Arc<Registry>,
+    services: Services,
     info: ServerInfo,
     strict_readiness: bool,
     phase: AtomicU8,
 }
 
 impl Engine {
-    pub fn new(registry: Arc<Registry>, info: ServerInfo, strict_readiness: bool) -> Self {
-        Engine {
-            registry,
-            info,
-            strict_readiness,
-            phase: AtomicU8::new(STARTING),
-        }
+    pub fn new(services: Services, info: ServerInfo, strict_readiness: bool) -> Self {
+        let registry = Arc::clone(services.repository.loader().registry());
+        Engine { registry, services, info, strict_readiness, phase: AtomicU8::new(STARTING) }
     }
 
     pub fn registry(&self) -> &Arc<Registry> {
         &self.registry
+    }
+
+    /// The repository extension: index, load, unload.
+    pub fn repository(&self) -> &Arc<ModelRepository> {
+        &self.services.repository
+    }
+
+    /// The logging extension.
+    pub fn logging(&self) -> &Logging {
+        &self.services.logging
+    }
+
+    /// The system shared memory extension.
+    pub fn shm(&self) -> &SharedMemory {
+        &self.services.shm
+    }
+
+    /// Trace settings, global or of one model (which must exist and be ready).
+    pub fn trace_settings(&self, model: Option<&str>) -> Result<TraceSettings> {
+        self.check_trace_model(model)?;
+        Ok(self.services.tracing.get(model))
+    }
+
+    pub fn update_trace_settings(&self, model: Option<&str>, update: TraceUpdate) -> Result<TraceSettings> {
+        self.check_trace_model(model)?;
+        self.services.tracing.update(model, update)
+    }
+
+    fn check_trace_model(&self, model: Option<&str>) -> Result<()> {
+        let Some(m) = model else { return Ok(()) };
+        match self.registry.resolve(m, None) {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == crate::error::ErrorKind::NotFound && !self.registry.contains(m) => Err(e),
+            Err(_) => Err(Error::invalid(format!("Request for unknown model : {m}"))),
+        }
     }
 
     /// Start-up is over (the initial models were tried).
@@ -103,8 +150,7 @@ impl Engine {
     }
 
     pub fn ready(&self) -> bool {
-        self.phase.load(Ordering::SeqCst) == SERVING
-            && (!self.strict_readiness || self.registry.all_ready())
+        self.phase.load(Ordering::SeqCst) == SERVING && (!self.strict_readiness || self.registry.all_ready())
     }
 
     pub fn server_info(&self) -> &ServerInfo {
@@ -123,22 +169,13 @@ impl Engine {
         let model = self.registry.resolve(name, version)?;
         let versions = match version {
             Some(v) => vec![v],
-            None => self
-                .registry
-                .serving(Some(name))
-                .iter()
-                .map(|m| m.version)
-                .collect(),
+            None => self.registry.serving(Some(name)).iter().map(|m| m.version).collect(),
         };
         let schema = &model.schema;
         let meta = |specs: &[crate::model::TensorSpec]| {
             specs
                 .iter()
-                .map(|s| TensorMetadata {
-                    name: s.name.clone(),
-                    datatype: s.datatype,
-                    shape: schema.client_shape(s),
-                })
+                .map(|s| TensorMetadata { name: s.name.clone(), datatype: s.datatype, shape: schema.client_shape(s) })
                 .collect()
         };
         Ok(ModelMetadata {
@@ -151,35 +188,24 @@ impl Engine {
     }
 
     /// Statistics of every serving version, of one model's, or of one version.
-    pub fn statistics(
-        &self,
-        name: Option<&str>,
-        version: Option<u64>,
-    ) -> Result<Vec<VersionStats>> {
-        let models: Vec<Arc<ModelVersion>> = match (name, version) {
-            (Some(n), Some(v)) => vec![self.registry.resolve(n, Some(v)).map_err(|_| {
-                Error::invalid(format!(
-                    "requested model version is not available for model '{n}'"
-                ))
-            })?],
-            (Some(n), None) => {
-                let all = self.registry.serving(Some(n));
-                if all.is_empty() {
-                    return Err(Error::invalid(format!(
-                        "requested model '{n}' is not available"
-                    )));
+    pub fn statistics(&self, name: Option<&str>, version: Option<u64>) -> Result<Vec<VersionStats>> {
+        let models: Vec<Arc<ModelVersion>> =
+            match (name, version) {
+                (Some(n), Some(v)) => vec![self.registry.resolve(n, Some(v)).map_err(|_| {
+                    Error::invalid(format!("requested model version is not available for model '{n}'"))
+                })?],
+                (Some(n), None) => {
+                    let all = self.registry.serving(Some(n));
+                    if all.is_empty() {
+                        return Err(Error::invalid(format!("requested model '{n}' is not available")));
+                    }
+                    all
                 }
-                all
-            }
-            (None, _) => self.registry.serving(None),
-        };
+                (None, _) => self.registry.serving(None),
+            };
         Ok(models
             .iter()
-            .map(|m| VersionStats {
-                name: m.name.clone(),
-                version: m.version,
-                stats: m.stats.snapshot(),
-            })
+            .map(|m| VersionStats { name: m.name.clone(), version: m.version, stats: m.stats.snapshot() })
             .collect())
     }
 
@@ -187,6 +213,8 @@ impl Engine {
     pub async fn infer(&self, req: InferRequest) -> Result<InferResponse> {
         let start = Instant::now();
         let (name, version) = (req.model_name.clone(), req.model_version);
+        let shm_targets: Vec<(String, ShmRef)> =
+            req.outputs.iter().filter_map(|o| Some((o.name.clone(), o.shm.clone()?))).collect();
         let mut model = self.registry.resolve(&name, version)?;
         let mut validated = match validate(&name, &model.schema, req) {
             Ok(v) => v,
@@ -220,13 +248,27 @@ impl Engine {
                 }
             }
         };
-        let result = reply
-            .await
-            .unwrap_or_else(|_| Err(Error::internal("the model instance dropped the request")));
+        let mut result = reply.await.unwrap_or_else(|_| Err(Error::internal("the model instance dropped the request")));
+        if let Ok(resp) = &mut result
+            && let Err(e) = self.write_shm_outputs(&shm_targets, resp)
+        {
+            result = Err(e);
+        }
         match &result {
             Ok(_) => model.stats.record_success(start.elapsed()),
             Err(_) => model.stats.record_failure(start.elapsed()),
         }
         result
+    }
+
+    /// Writes the outputs asked for in shared memory there; the reply then carries them empty.
+    fn write_shm_outputs(&self, targets: &[(String, ShmRef)], resp: &mut InferResponse) -> Result<()> {
+        for (name, target) in targets {
+            if let Some(out) = resp.outputs.iter_mut().find(|o| &o.name == name) {
+                self.shm().write(&target.region, target.offset, target.byte_size, name, &out.data)?;
+                out.data = bytes::Bytes::new();
+            }
+        }
+        Ok(())
     }
 }

@@ -54,10 +54,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error {
-            kind,
-            message: message.into(),
-        }
+        Error { kind, message: message.into() }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidArgument, message)
@@ -91,10 +88,7 @@ impl Error {
     }
     /// Prefixes the message with context, keeping the kind.
     pub fn context(self, prefix: impl fmt::Display) -> Self {
-        Error {
-            kind: self.kind,
-            message: format!("{prefix}: {}", self.message),
-        }
+        Error { kind: self.kind, message: format!("{prefix}: {}", self.message) }
     }
 }
 

@@ -18,6 +18,8 @@ pub mod repository;
 pub mod request;
 pub mod scheduler;
 pub mod server;
+pub mod settings;
+pub mod shm;
 pub mod stats;
 pub mod telemetry;
 pub mod tensor;

@@ -8,18 +8,15 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    telemetry::init(config.log_verbose, config.log_filter.as_deref());
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let log_control = telemetry::init(config.log_verbose, config.log_filter.as_deref());
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("ferry: cannot start the async runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(server::run(config, shutdown_signal())) {
+    match runtime.block_on(server::run(config, Some(log_control), shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

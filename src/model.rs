@@ -39,22 +39,9 @@ impl Schema {
     /// lines (same order as `config.output`).
     pub fn from_config(config: &ModelConfig, mut labels: Vec<Vec<String>>) -> Result<Schema> {
         labels.resize(config.output.len(), Vec::new());
-        let inputs = config
-            .input
-            .iter()
-            .map(input_spec)
-            .collect::<Result<Vec<_>>>()?;
-        let outputs = config
-            .output
-            .iter()
-            .zip(labels)
-            .map(|(o, l)| output_spec(o, l))
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Schema {
-            max_batch_size: usize::try_from(config.max_batch_size).unwrap_or(0),
-            inputs,
-            outputs,
-        })
+        let inputs = config.input.iter().map(input_spec).collect::<Result<Vec<_>>>()?;
+        let outputs = config.output.iter().zip(labels).map(|(o, l)| output_spec(o, l)).collect::<Result<Vec<_>>>()?;
+        Ok(Schema { max_batch_size: usize::try_from(config.max_batch_size).unwrap_or(0), inputs, outputs })
     }
 
     pub fn batching(&self) -> bool {
@@ -81,8 +68,7 @@ impl Schema {
 }
 
 fn datatype(n: i32, what: &str, name: &str) -> Result<DataType> {
-    DataType::from_config(n)
-        .ok_or_else(|| Error::invalid(format!("{what} '{name}' has no valid data_type")))
+    DataType::from_config(n).ok_or_else(|| Error::invalid(format!("{what} '{name}' has no valid data_type")))
 }
 
 fn input_spec(i: &ModelInput) -> Result<TensorSpec> {
@@ -123,11 +109,7 @@ pub struct ModelVersion {
 impl ModelVersion {
     /// What metadata reports as the platform: `platform`, else `backend`.
     pub fn platform(&self) -> &str {
-        if self.config.platform.is_empty() {
-            &self.config.backend
-        } else {
-            &self.config.platform
-        }
+        if self.config.platform.is_empty() { &self.config.backend } else { &self.config.platform }
     }
 
     /// Stops taking requests, lets admitted ones finish, and releases the instances.

@@ -8,6 +8,11 @@ pub mod inference {
     include!(concat!(env!("OUT_DIR"), "/inference.rs"));
 }
 
+#[allow(clippy::all, clippy::pedantic, missing_docs)]
+pub mod health {
+    include!(concat!(env!("OUT_DIR"), "/grpc.health.v1.rs"));
+}
+
 /// Every message of proto/, for text-format parsing and JSON printing through prost-reflect.
 pub static DESCRIPTORS: LazyLock<DescriptorPool> = LazyLock::new(|| {
     DescriptorPool::decode(&include_bytes!(concat!(env!("OUT_DIR"), "/ferry_descriptor.bin"))[..])

@@ -37,11 +37,21 @@ pub struct InputTensor {
     pub data: Bytes,
 }
 
+/// A place in a registered shared memory region (the shared-memory extension).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ShmRef {
+    pub region: String,
+    pub offset: u64,
+    pub byte_size: u64,
+}
+
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct RequestedOutput {
     pub name: String,
     /// Top-K classification instead of the raw tensor (`classification` parameter).
     pub classification: Option<u32>,
+    /// Write the output into this shared memory instead of the reply.
+    pub shm: Option<ShmRef>,
 }
 
 #[derive(Debug, Clone, PartialEq, Default)]

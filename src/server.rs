@@ -7,20 +7,23 @@ use tokio::net::TcpListener;
 use crate::{
     backend::{Backends, identity::IdentityBackend, onnx::OnnxBackend},
     config::Config,
-    engine::{EXTENSIONS, Engine, ServerInfo},
+    engine::{EXTENSIONS, Engine, ServerInfo, Services},
     frontend::http::{HttpState, router},
     repository::{
+        control::{ControlMode, ModelRepository},
         embedded,
         loader::{LoadOptions, Loader},
         registry::Registry,
-        scan,
     },
+    settings::{LogControl, Logging, Tracing},
+    shm::SharedMemory,
 };
 
 /// Runs the server until `shutdown` completes. Errors are start-up failures, already worded for
 /// the operator.
 pub async fn run(
     config: Config,
+    log_control: Option<Arc<dyn LogControl>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     let (roots, _extracted) = repositories(&config)?;
@@ -40,27 +43,28 @@ pub async fn run(
         default_max_batch_size: config.default_max_batch_size,
         cores: config.cores,
     };
-    let loader = Arc::new(Loader::new(backends, Arc::clone(&registry), options));
+    let loader = Loader::new(backends, Arc::clone(&registry), options);
+    let mode = if config.explicit_model_control { ControlMode::Explicit } else { ControlMode::None };
+    let repository = Arc::new(ModelRepository::new(roots, loader, mode));
     let info = ServerInfo {
         name: config.server_id.clone(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         extensions: EXTENSIONS.iter().map(|s| s.to_string()).collect(),
     };
-    let engine = Arc::new(Engine::new(
-        Arc::clone(&registry),
-        info,
-        config.strict_readiness,
-    ));
+    let services = Services {
+        repository: Arc::clone(&repository),
+        logging: Logging::new(config.log_verbose, log_control),
+        tracing: Tracing::default(),
+        shm: SharedMemory::new(config.allow_client_shm),
+    };
+    let engine = Arc::new(Engine::new(services, info, config.strict_readiness));
 
     let listener = TcpListener::bind(config.http_addr)
         .await
         .map_err(|e| format!("cannot listen for HTTP on {}: {e}", config.http_addr))?;
     let http_addr = listener.local_addr().map_err(|e| e.to_string())?;
     tracing::info!("HTTP KServe v2 service listening on {http_addr}");
-    let state = Arc::new(HttpState {
-        engine: Arc::clone(&engine),
-        max_input_size: config.http_max_input_size,
-    });
+    let state = Arc::new(HttpState { engine: Arc::clone(&engine), max_input_size: config.http_max_input_size });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut stop_http = stop_rx.clone();
     let http = tokio::spawn(async move {
@@ -71,13 +75,10 @@ pub async fn run(
             .await
     });
 
-    let failures = load_all(&loader, &roots).await;
+    let failures = repository.load_startup(&config.load_models).await;
     if !failures.is_empty() && config.exit_on_error {
         let _ = stop_tx.send(true);
-        return Err(format!(
-            "failed to load all models (--exit-on-error=true): {}",
-            failures.join("; ")
-        ));
+        return Err(format!("failed to load all models (--exit-on-error=true): {}", failures.join("; ")));
     }
     engine.set_serving();
     tracing::info!(models = registry.serving(None).len(), "ferry is serving");
@@ -92,7 +93,7 @@ pub async fn run(
         Err(e) => tracing::error!(error = %e, "HTTP service task failed"),
     }
     for model in registry.serving(None) {
-        loader.unload(&model.name);
+        repository.loader().unload(&model.name);
     }
     Ok(())
 }
@@ -103,10 +104,7 @@ fn repositories(config: &Config) -> Result<(Vec<PathBuf>, Option<tempfile::TempD
     if !config.model_repositories.is_empty() {
         for root in &config.model_repositories {
             if !root.is_dir() {
-                return Err(format!(
-                    "model repository '{}' is not a readable folder",
-                    root.display()
-                ));
+                return Err(format!("model repository '{}' is not a readable folder", root.display()));
             }
         }
         return Ok((config.model_repositories.clone(), None));
@@ -115,38 +113,7 @@ fn repositories(config: &Config) -> Result<(Vec<PathBuf>, Option<tempfile::TempD
         .prefix("ferry-examples-")
         .tempdir()
         .map_err(|e| format!("cannot create a folder for the example repository: {e}"))?;
-    let files = embedded::extract(dir.path())
-        .map_err(|e| format!("cannot write the example repository: {e}"))?;
+    let files = embedded::extract(dir.path()).map_err(|e| format!("cannot write the example repository: {e}"))?;
     tracing::info!(folder = %dir.path().display(), files, "no --model-repository given: serving the embedded example repository");
     Ok((vec![dir.path().to_path_buf()], Some(dir)))
-}
-
-/// Loads every model found, a few at a time; returns a line per failure.
-async fn load_all(loader: &Arc<Loader>, roots: &[PathBuf]) -> Vec<String> {
-    let (found, duplicates) = scan(roots);
-    let mut failures: Vec<String> = Vec::new();
-    for (name, reason) in duplicates {
-        tracing::error!(model = %name, error = %reason, "model not loaded");
-        loader.registry().fail_model(&name, &reason);
-        failures.push(reason);
-    }
-    let limit = Arc::new(tokio::sync::Semaphore::new(4));
-    let tasks: Vec<_> = found
-        .into_iter()
-        .map(|f| {
-            let (loader, limit) = (Arc::clone(loader), Arc::clone(&limit));
-            tokio::spawn(async move {
-                let _permit = limit.acquire().await;
-                loader.load(&f.name, &f.dir, None).await
-            })
-        })
-        .collect();
-    for task in tasks {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => failures.push(e.to_string()),
-            Err(e) => failures.push(format!("a model load task failed: {e}")),
-        }
-    }
-    failures
 }

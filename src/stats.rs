@@ -77,9 +77,7 @@ impl Stats {
 
     /// One execution of `rows` rows made of requests that waited `queued` each.
     pub fn record_execution(&self, rows: u64, queued: &[Duration], phases: PhaseTimes) {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let mut s = self.lock();
         let n = queued.len() as u64;
         s.last_inference_ms = now_ms;
@@ -106,38 +104,16 @@ mod tests {
     fn execution_counts_requests_and_batches() {
         let stats = Stats::default();
         let ms = Duration::from_millis(1);
-        let phases = PhaseTimes {
-            input: ms,
-            infer: 2 * ms,
-            output: ms,
-        };
+        let phases = PhaseTimes { input: ms, infer: 2 * ms, output: ms };
         stats.record_execution(5, &[ms, 2 * ms], phases);
         stats.record_success(3 * ms);
         stats.record_success(3 * ms);
         let s = stats.snapshot();
         assert_eq!(s.inference_count, 5);
         assert_eq!(s.execution_count, 1);
-        assert_eq!(
-            s.queue,
-            Tally {
-                count: 2,
-                ns: 3_000_000
-            }
-        );
-        assert_eq!(
-            s.compute_infer,
-            Tally {
-                count: 2,
-                ns: 4_000_000
-            }
-        );
-        assert_eq!(
-            s.batches[&5].compute_infer,
-            Tally {
-                count: 1,
-                ns: 2_000_000
-            }
-        );
+        assert_eq!(s.queue, Tally { count: 2, ns: 3_000_000 });
+        assert_eq!(s.compute_infer, Tally { count: 2, ns: 4_000_000 });
+        assert_eq!(s.batches[&5].compute_infer, Tally { count: 1, ns: 2_000_000 });
         assert_eq!(s.success.count, 2);
         assert!(s.last_inference_ms > 0);
     }

@@ -1,18 +1,113 @@
-//! Logging through `tracing`: human-readable lines on stderr; `--log-verbose` turns on debug
-//! output, and a RUST_LOG filter (read by `config`) overrides it.
-use tracing_subscriber::EnvFilter;
+//! Logging through `tracing`: human-readable lines on stderr. `--log-verbose` turns on debug
+//! output, a RUST_LOG filter (read by `config`) overrides it, and the logging extension changes
+//! levels and the timestamp format at run time through `LogControl`.
+use std::{
+    fmt,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::{SystemTime, UNIX_EPOCH},
+};
 
-pub fn init(log_verbose: u32, filter: Option<&str>) {
-    let default = match log_verbose {
-        0 => "info",
-        1 => "info,ferry=debug",
-        _ => "debug",
+use tracing_subscriber::{
+    EnvFilter, Registry,
+    fmt::{format::Writer, time::FormatTime},
+    layer::SubscriberExt,
+    reload,
+    util::SubscriberInitExt,
+};
+
+use crate::settings::{LogControl, LogSettings};
+
+fn filter_for(s: &LogSettings) -> EnvFilter {
+    let level = match (s.log_verbose_level, s.log_info, s.log_warning, s.log_error) {
+        (v, _, _, _) if v >= 2 => "debug",
+        (1, _, _, _) => "info,ferry=debug",
+        (_, true, _, _) => "info",
+        (_, _, true, _) => "warn",
+        (_, _, _, true) => "error",
+        _ => "off",
     };
-    let filter = filter
-        .and_then(|f| EnvFilter::try_new(f).ok())
-        .unwrap_or_else(|| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    EnvFilter::new(level)
+}
+
+/// Timestamps as Triton's formats: `default` (glog-like `MMDD HH:MM:SS.micros`) or ISO 8601.
+struct Clock {
+    iso8601: Arc<AtomicBool>,
+}
+
+impl FormatTime for Clock {
+    fn format_time(&self, w: &mut Writer<'_>) -> fmt::Result {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let secs = now.as_secs();
+        let (y, mo, d) = civil_from_days((secs / 86_400) as i64);
+        let (h, mi, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
+        if self.iso8601.load(Ordering::Relaxed) {
+            write!(w, "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+        } else {
+            write!(w, "{mo:02}{d:02} {h:02}:{mi:02}:{s:02}.{:06}", now.subsec_micros())
+        }
+    }
+}
+
+/// Year, month, day of a count of days since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+struct Control {
+    filter: reload::Handle<EnvFilter, Registry>,
+    iso8601: Arc<AtomicBool>,
+}
+
+impl LogControl for Control {
+    fn apply(&self, s: &LogSettings) {
+        self.iso8601.store(s.log_format == "ISO8601", Ordering::Relaxed);
+        if let Err(e) = self.filter.reload(filter_for(s)) {
+            tracing::warn!(error = %e, "cannot change the log level");
+        }
+    }
+}
+
+/// Starts logging; the returned control applies run-time changes.
+pub fn init(log_verbose: u32, filter: Option<&str>) -> Arc<dyn LogControl> {
+    let initial = LogSettings {
+        log_file: String::new(),
+        log_info: true,
+        log_warning: true,
+        log_error: true,
+        log_verbose_level: log_verbose,
+        log_format: "default".into(),
+    };
+    let env_filter = filter.and_then(|f| EnvFilter::try_new(f).ok()).unwrap_or_else(|| filter_for(&initial));
+    let (layer, handle) = reload::Layer::new(env_filter);
+    let iso8601 = Arc::new(AtomicBool::new(false));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let fmt_layer = tracing_subscriber::fmt::layer()
+        .with_ansi(ansi)
         .with_writer(std::io::stderr)
-        .try_init();
+        .with_timer(Clock { iso8601: Arc::clone(&iso8601) });
+    let _ = tracing_subscriber::registry().with(layer).with(fmt_layer).try_init();
+    Arc::new(Control { filter: handle, iso8601 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(20_786), (2026, 11, 29));
+        assert_eq!(civil_from_days(11_016), (2000, 2, 29));
+    }
 }

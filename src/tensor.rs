@@ -42,10 +42,7 @@ const TABLE: [(DataType, &str, i32, &str, usize); 14] = [
 
 impl DataType {
     fn row(self) -> &'static (DataType, &'static str, i32, &'static str, usize) {
-        TABLE
-            .iter()
-            .find(|r| r.0 == self)
-            .expect("every datatype has a row")
+        TABLE.iter().find(|r| r.0 == self).expect("every datatype has a row")
     }
     /// Parses a protocol datatype string (`FP32`, `BYTES`, ...), exact and case-sensitive.
     pub fn from_wire(s: &str) -> Option<Self> {
@@ -75,9 +72,7 @@ impl DataType {
 
 /// Number of elements of a shape, or None when a dim is negative or the product overflows.
 pub fn element_count(shape: &[i64]) -> Option<usize> {
-    shape.iter().try_fold(1usize, |acc, &d| {
-        usize::try_from(d).ok().and_then(|d| acc.checked_mul(d))
-    })
+    shape.iter().try_fold(1usize, |acc, &d| usize::try_from(d).ok().and_then(|d| acc.checked_mul(d)))
 }
 
 /// Formats a shape as Triton prints it: `[-1,16]`.
@@ -109,17 +104,13 @@ impl<'a> Iterator for BytesElements<'a> {
         }
         if self.rest.len() < 4 {
             self.rest = &[];
-            return Some(Err(Error::invalid(
-                "BYTES element is cut short: fewer than 4 length bytes remain",
-            )));
+            return Some(Err(Error::invalid("BYTES element is cut short: fewer than 4 length bytes remain")));
         }
         let len = u32::from_le_bytes(self.rest[..4].try_into().expect("4 bytes")) as usize;
         if self.rest.len() - 4 < len {
             let have = self.rest.len() - 4;
             self.rest = &[];
-            return Some(Err(Error::invalid(format!(
-                "BYTES element declares {len} bytes but only {have} remain"
-            ))));
+            return Some(Err(Error::invalid(format!("BYTES element declares {len} bytes but only {have} remain"))));
         }
         let (elem, rest) = self.rest[4..].split_at(len);
         self.rest = rest;

@@ -63,21 +63,11 @@ pub fn validate(model: &str, schema: &Schema, req: InferRequest) -> Result<Valid
         }
     }
     let outputs = select_outputs(model, schema, &req.outputs)?;
-    Ok(ValidatedRequest {
-        id: req.id,
-        parameters: req.parameters,
-        rows,
-        inputs,
-        outputs,
-        batch_key,
-    })
+    Ok(ValidatedRequest { id: req.id, parameters: req.parameters, rows, inputs, outputs, batch_key })
 }
 
 fn check_parameters(params: &Parameters) -> Result<()> {
-    match params
-        .keys()
-        .find(|k| k.starts_with("triton_") && *k != "triton_enable_empty_final_response")
-    {
+    match params.keys().find(|k| k.starts_with("triton_") && *k != "triton_enable_empty_final_response") {
         Some(k) => Err(Error::invalid(format!(
             "parameter '{k}': keys starting with 'triton_' are reserved for Triton usage and should not be specified."
         ))),
@@ -85,19 +75,12 @@ fn check_parameters(params: &Parameters) -> Result<()> {
     }
 }
 
-fn place_inputs(
-    model: &str,
-    schema: &Schema,
-    given: Vec<InputTensor>,
-) -> Result<Vec<Option<InputTensor>>> {
+fn place_inputs(model: &str, schema: &Schema, given: Vec<InputTensor>) -> Result<Vec<Option<InputTensor>>> {
     let mut slots: Vec<Option<InputTensor>> = vec![None; schema.inputs.len()];
     let given_names: Vec<String> = given.iter().map(|t| format!("'{}'", t.name)).collect();
     for t in given {
         let Some(i) = schema.input_index(&t.name) else {
-            return Err(Error::invalid(format!(
-                "unexpected inference input '{}' for model '{model}'",
-                t.name
-            )));
+            return Err(Error::invalid(format!("unexpected inference input '{}' for model '{model}'", t.name)));
         };
         if slots[i].is_some() {
             return Err(Error::invalid(format!(
@@ -161,12 +144,7 @@ fn batch_rows(model: &str, schema: &Schema, slots: &[Option<InputTensor>]) -> Re
     Ok(b as usize)
 }
 
-fn check_input(
-    model: &str,
-    schema: &Schema,
-    spec: &TensorSpec,
-    t: InputTensor,
-) -> Result<ModelTensor> {
+fn check_input(model: &str, schema: &Schema, spec: &TensorSpec, t: InputTensor) -> Result<ModelTensor> {
     if t.datatype != spec.datatype {
         return Err(Error::invalid(format!(
             "inference input '{}' data-type is '{}', but model '{model}' expects '{}'",
@@ -182,16 +160,8 @@ fn check_input(
             shape_string(&t.shape)
         )));
     }
-    let item = if schema.batching() {
-        &t.shape[1..]
-    } else {
-        &t.shape[..]
-    };
-    let fits = item.len() == spec.dims.len()
-        && item
-            .iter()
-            .zip(&spec.dims)
-            .all(|(&d, &want)| want == -1 || d == want);
+    let item = if schema.batching() { &t.shape[1..] } else { &t.shape[..] };
+    let fits = item.len() == spec.dims.len() && item.iter().zip(&spec.dims).all(|(&d, &want)| want == -1 || d == want);
     if !fits {
         let note = if schema.batching() {
             " NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be \
@@ -208,27 +178,15 @@ fn check_input(
     }
     check_byte_size(model, &t)?;
     let shape = match &spec.reshape {
-        Some(reshape) => model_shape(
-            schema.batching().then(|| t.shape[0]),
-            item,
-            &spec.dims,
-            reshape,
-        ),
+        Some(reshape) => model_shape(schema.batching().then(|| t.shape[0]), item, &spec.dims, reshape),
         None => t.shape,
     };
-    Ok(ModelTensor {
-        shape,
-        data: t.data,
-    })
+    Ok(ModelTensor { shape, data: t.data })
 }
 
 fn check_byte_size(model: &str, t: &InputTensor) -> Result<()> {
     let count = element_count(&t.shape).ok_or_else(|| {
-        Error::invalid(format!(
-            "shape {} of input '{}' is too large",
-            shape_string(&t.shape),
-            t.name
-        ))
+        Error::invalid(format!("shape {} of input '{}' is too large", shape_string(&t.shape), t.name))
     })?;
     match t.datatype.size() {
         Some(size) => {
@@ -265,19 +223,9 @@ fn check_byte_size(model: &str, t: &InputTensor) -> Result<()> {
 /// Maps a request's item shape onto the config `reshape`: each -1 of the reshape takes the
 /// request's value of the next variable dim.
 pub fn model_shape(batch: Option<i64>, item: &[i64], dims: &[i64], reshape: &[i64]) -> Vec<i64> {
-    let mut variable = item
-        .iter()
-        .zip(dims)
-        .filter(|(_, d)| **d == -1)
-        .map(|(v, _)| *v);
+    let mut variable = item.iter().zip(dims).filter(|(_, d)| **d == -1).map(|(v, _)| *v);
     let mut shape: Vec<i64> = batch.into_iter().collect();
-    shape.extend(reshape.iter().map(|&r| {
-        if r == -1 {
-            variable.next().unwrap_or(-1)
-        } else {
-            r
-        }
-    }));
+    shape.extend(reshape.iter().map(|&r| if r == -1 { variable.next().unwrap_or(-1) } else { r }));
     shape
 }
 
@@ -287,28 +235,17 @@ fn select_outputs(
     wanted: &[crate::request::RequestedOutput],
 ) -> Result<Vec<OutputRequest>> {
     if wanted.is_empty() {
-        return Ok((0..schema.outputs.len())
-            .map(|index| OutputRequest {
-                index,
-                classification: None,
-            })
-            .collect());
+        return Ok((0..schema.outputs.len()).map(|index| OutputRequest { index, classification: None }).collect());
     }
     wanted
         .iter()
         .map(|o| {
             let index = schema.output_index(&o.name).ok_or_else(|| {
-                Error::invalid(format!(
-                    "unexpected inference output '{}' for model '{model}'",
-                    o.name
-                ))
+                Error::invalid(format!("unexpected inference output '{}' for model '{model}'", o.name))
             })?;
             if let Some(k) = o.classification {
                 let dt = schema.outputs[index].datatype;
-                if matches!(
-                    dt,
-                    DataType::Fp16 | DataType::Bf16 | DataType::Bool | DataType::Bytes
-                ) {
+                if matches!(dt, DataType::Fp16 | DataType::Bf16 | DataType::Bool | DataType::Bytes) {
                     return Err(Error::invalid(format!(
                         "class result not available for output '{}' due to unsupported type '{}'",
                         o.name,
@@ -316,16 +253,10 @@ fn select_outputs(
                     )));
                 }
                 if k == 0 {
-                    return Err(Error::invalid(format!(
-                        "classification count for output '{}' must be > 0",
-                        o.name
-                    )));
+                    return Err(Error::invalid(format!("classification count for output '{}' must be > 0", o.name)));
                 }
             }
-            Ok(OutputRequest {
-                index,
-                classification: o.classification,
-            })
+            Ok(OutputRequest { index, classification: o.classification })
         })
         .collect()
 }

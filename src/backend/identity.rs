@@ -27,9 +27,7 @@ impl Backend for IdentityBackend {
     }
 
     fn load(&self, spec: &InstanceSpec<'_>) -> Result<Box<dyn ModelInstance>> {
-        Ok(Box::new(IdentityInstance {
-            outputs: spec.config.output.iter().map(|o| o.name.clone()).collect(),
-        }))
+        Ok(Box::new(IdentityInstance { outputs: spec.config.output.iter().map(|o| o.name.clone()).collect() }))
     }
 }
 
@@ -38,14 +36,14 @@ impl ModelInstance for IdentityInstance {
         outputs
             .iter()
             .map(|name| {
-                let i = self.outputs.iter().position(|o| o == name).ok_or_else(|| {
-                    Error::internal(format!("identity backend has no output '{name}'"))
-                })?;
-                let input = inputs.get(i).ok_or_else(|| {
-                    Error::internal(format!(
-                        "identity backend: output '{name}' has no input {i}"
-                    ))
-                })?;
+                let i = self
+                    .outputs
+                    .iter()
+                    .position(|o| o == name)
+                    .ok_or_else(|| Error::internal(format!("identity backend has no output '{name}'")))?;
+                let input = inputs
+                    .get(i)
+                    .ok_or_else(|| Error::internal(format!("identity backend: output '{name}' has no input {i}")))?;
                 Ok(Tensor {
                     name: (*name).to_string(),
                     datatype: input.datatype,

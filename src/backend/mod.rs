@@ -84,17 +84,10 @@ impl Backends {
     }
 
     pub fn get(&self, name: &str) -> Result<Arc<dyn Backend>> {
-        self.all
-            .iter()
-            .find(|b| b.name() == name)
-            .cloned()
-            .ok_or_else(|| {
-                let known: Vec<&str> = self.all.iter().map(|b| b.name()).collect();
-                Error::unsupported(format!(
-                    "backend '{name}' is not available in ferry (available: {})",
-                    known.join(", ")
-                ))
-            })
+        self.all.iter().find(|b| b.name() == name).cloned().ok_or_else(|| {
+            let known: Vec<&str> = self.all.iter().map(|b| b.name()).collect();
+            Error::unsupported(format!("backend '{name}' is not available in ferry (available: {})", known.join(", ")))
+        })
     }
 }
 pub mod ort_library;

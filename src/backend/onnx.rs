@@ -14,14 +14,12 @@ use ort::{
         builder::{GraphOptimizationLevel, SessionBuilder},
     },
     value::{
-        DynTensor, DynTensorValueType, DynValue, PrimitiveTensorElementType, Tensor as OrtTensor,
-        TensorElementType, TensorRef, ValueType,
+        DynTensor, DynTensorValueType, DynValue, PrimitiveTensorElementType, Tensor as OrtTensor, TensorElementType,
+        TensorRef, ValueType,
     },
 };
 
-use super::{
-    Backend, BackendInput, Device, InstanceSpec, ModelInstance, ModelIo, TensorInfo, ort_library,
-};
+use super::{Backend, BackendInput, Device, InstanceSpec, ModelInstance, ModelIo, TensorInfo, ort_library};
 use crate::{
     error::{Error, Result},
     proto::inference::ModelConfig,
@@ -36,10 +34,7 @@ pub struct OnnxBackend {
 impl OnnxBackend {
     /// `library`: the configured ONNX Runtime path; None = discover it.
     pub fn new(library: Option<PathBuf>) -> Self {
-        OnnxBackend {
-            library,
-            environment: OnceLock::new(),
-        }
+        OnnxBackend { library, environment: OnceLock::new() }
     }
 
     /// Loads the library once; every later call returns the same outcome.
@@ -59,41 +54,19 @@ impl OnnxBackend {
             .map_err(|e| Error::unavailable(e.clone()))
     }
 
-    fn session(
-        &self,
-        path: &Path,
-        config: Option<&ModelConfig>,
-        threads: usize,
-    ) -> Result<Session> {
+    fn session(&self, path: &Path, config: Option<&ModelConfig>, threads: usize) -> Result<Session> {
         let env = self.environment()?;
-        let ort_err = |e: ort::Error<SessionBuilder>| {
-            Error::internal(format!("ONNX Runtime session options: {e}"))
-        };
+        let ort_err = |e: ort::Error<SessionBuilder>| Error::internal(format!("ONNX Runtime session options: {e}"));
         let mut builder = Session::builder(env).map_err(|e| Error::internal(e.to_string()))?;
-        let param = |key: &str| {
-            config
-                .and_then(|c| c.parameters.get(key))
-                .map(|p| p.string_value.as_str())
-        };
-        let intra = param("intra_op_thread_count")
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&n| n > 0);
-        builder = builder
-            .with_intra_threads(intra.unwrap_or(threads))
-            .map_err(ort_err)?;
-        let inter = param("inter_op_thread_count")
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|&n| n > 0);
-        builder = builder
-            .with_inter_threads(inter.unwrap_or(1))
-            .map_err(ort_err)?;
+        let param = |key: &str| config.and_then(|c| c.parameters.get(key)).map(|p| p.string_value.as_str());
+        let intra = param("intra_op_thread_count").and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
+        builder = builder.with_intra_threads(intra.unwrap_or(threads)).map_err(ort_err)?;
+        let inter = param("inter_op_thread_count").and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
+        builder = builder.with_inter_threads(inter.unwrap_or(1)).map_err(ort_err)?;
         if param("execution_mode") == Some("1") {
             builder = builder.with_parallel_execution(true).map_err(ort_err)?;
         }
-        let level = config
-            .and_then(|c| c.optimization.as_ref())
-            .and_then(|o| o.graph.as_ref())
-            .map_or(0, |g| g.level);
+        let level = config.and_then(|c| c.optimization.as_ref()).and_then(|o| o.graph.as_ref()).map_or(0, |g| g.level);
         let level = match level {
             -1 => GraphOptimizationLevel::Level1,
             1 => GraphOptimizationLevel::Level2,
@@ -101,12 +74,9 @@ impl OnnxBackend {
             _ => GraphOptimizationLevel::All,
         };
         builder = builder.with_optimization_level(level).map_err(ort_err)?;
-        builder.commit_from_file(path).map_err(|e| {
-            Error::invalid(format!(
-                "ONNX Runtime cannot load '{}': {e}",
-                path.display()
-            ))
-        })
+        builder
+            .commit_from_file(path)
+            .map_err(|e| Error::invalid(format!("ONNX Runtime cannot load '{}': {e}", path.display())))
     }
 }
 
@@ -121,15 +91,10 @@ impl Backend for OnnxBackend {
 
     fn load(&self, spec: &InstanceSpec<'_>) -> Result<Box<dyn ModelInstance>> {
         if let Device::Gpu(id) = spec.device {
-            return Err(Error::unsupported(format!(
-                "GPU {id}: this ferry build runs ONNX models on CPU only"
-            )));
+            return Err(Error::unsupported(format!("GPU {id}: this ferry build runs ONNX models on CPU only")));
         }
         let session = self.session(spec.model_path, Some(spec.config), spec.intra_op_threads)?;
-        Ok(Box::new(OnnxInstance {
-            session,
-            selections: HashMap::new(),
-        }))
+        Ok(Box::new(OnnxInstance { session, selections: HashMap::new() }))
     }
 }
 
@@ -155,16 +120,10 @@ fn datatype(t: TensorElementType) -> Option<DataType> {
 
 fn io_of(session: &Session) -> ModelIo {
     let info = |o: &ort::value::Outlet| match o.dtype() {
-        ValueType::Tensor { ty, shape, .. } => TensorInfo {
-            name: o.name().to_string(),
-            datatype: datatype(*ty),
-            shape: shape.to_vec(),
-        },
-        _ => TensorInfo {
-            name: o.name().to_string(),
-            datatype: None,
-            shape: Vec::new(),
-        },
+        ValueType::Tensor { ty, shape, .. } => {
+            TensorInfo { name: o.name().to_string(), datatype: datatype(*ty), shape: shape.to_vec() }
+        }
+        _ => TensorInfo { name: o.name().to_string(), datatype: None, shape: Vec::new() },
     };
     ModelIo {
         inputs: session.inputs().iter().map(info).collect(),
@@ -190,12 +149,8 @@ impl ModelInstance for OnnxInstance {
             .collect::<Result<Vec<(&str, SessionInputValue<'_>)>>>()?;
         let key: Vec<String> = outputs.iter().map(|s| s.to_string()).collect();
         if !self.selections.contains_key(&key) {
-            let selector = outputs
-                .iter()
-                .fold(OutputSelector::no_default(), |s, name| s.with(*name));
-            let options = RunOptions::new()
-                .map_err(|e| Error::internal(e.to_string()))?
-                .with_outputs(selector);
+            let selector = outputs.iter().fold(OutputSelector::no_default(), |s, name| s.with(*name));
+            let options = RunOptions::new().map_err(|e| Error::internal(e.to_string()))?.with_outputs(selector);
             self.selections.insert(key.clone(), options);
         }
         let options = &self.selections[&key];
@@ -206,9 +161,9 @@ impl ModelInstance for OnnxInstance {
         outputs
             .iter()
             .map(|name| {
-                let value = results.remove(*name).ok_or_else(|| {
-                    Error::internal(format!("ONNX Runtime returned no output '{name}'"))
-                })?;
+                let value = results
+                    .remove(*name)
+                    .ok_or_else(|| Error::internal(format!("ONNX Runtime returned no output '{name}'")))?;
                 output_tensor(name, value)
             })
             .collect()
@@ -233,8 +188,7 @@ fn input_value<'a>(input: &BackendInput<'a>) -> Result<SessionInputValue<'a>> {
         DataType::Uint64 => typed::<u64>(shape, data),
         DataType::Bool => {
             // Validation guarantees every byte is 0 or 1, which are exactly the valid bools.
-            let bools =
-                unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<bool>(), data.len()) };
+            let bools = unsafe { std::slice::from_raw_parts(data.as_ptr().cast::<bool>(), data.len()) };
             TensorRef::from_array_view((shape, bools)).map(SessionInputValue::from)
         }
         DataType::Bytes => {
@@ -291,20 +245,13 @@ fn output_tensor(name: &str, value: DynValue) -> Result<Tensor> {
     let (ty, shape) = match value.dtype() {
         ValueType::Tensor { ty, shape, .. } => (*ty, shape.to_vec()),
         other => {
-            return Err(Error::internal(format!(
-                "model output '{name}' is {other:?}, not a tensor"
-            )));
+            return Err(Error::internal(format!("model output '{name}' is {other:?}, not a tensor")));
         }
     };
-    let datatype = datatype(ty).ok_or_else(|| {
-        Error::internal(format!(
-            "model output '{name}' has unsupported element type {ty:?}"
-        ))
-    })?;
+    let datatype = datatype(ty)
+        .ok_or_else(|| Error::internal(format!("model output '{name}' has unsupported element type {ty:?}")))?;
     let data = if datatype == DataType::Bytes {
-        let (_, strings) = value
-            .try_extract_strings()
-            .map_err(|e| Error::internal(format!("output '{name}': {e}")))?;
+        let (_, strings) = value.try_extract_strings().map_err(|e| Error::internal(format!("output '{name}': {e}")))?;
         let mut buf = Vec::with_capacity(strings.iter().map(|s| s.len() + 4).sum());
         for s in &strings {
             push_bytes_element(&mut buf, s.as_bytes());
@@ -313,15 +260,9 @@ fn output_tensor(name: &str, value: DynValue) -> Result<Tensor> {
     } else {
         let elements: usize = shape.iter().map(|&d| d.max(0) as usize).product();
         let len = elements * datatype.size().unwrap_or(0);
-        let tensor = value
-            .downcast::<DynTensorValueType>()
-            .map_err(|e| Error::internal(format!("output '{name}': {e}")))?;
+        let tensor =
+            value.downcast::<DynTensorValueType>().map_err(|e| Error::internal(format!("output '{name}': {e}")))?;
         Bytes::from_owner(OrtBytes { tensor, len })
     };
-    Ok(Tensor {
-        name: name.to_string(),
-        datatype,
-        shape,
-        data,
-    })
+    Ok(Tensor { name: name.to_string(), datatype, shape, data })
 }

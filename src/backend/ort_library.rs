@@ -16,26 +16,22 @@ pub fn locate(configured: Option<&Path>) -> Result<Located, String> {
     if let Some(path) = configured {
         return in_place(path)
             .map(|path| Located { path, source: "--onnxruntime-library / ORT_DYLIB_PATH" })
-            .ok_or_else(|| format!("no ONNX Runtime library at '{}' (set by --onnxruntime-library or ORT_DYLIB_PATH)", path.display()));
+            .ok_or_else(|| {
+                format!(
+                    "no ONNX Runtime library at '{}' (set by --onnxruntime-library or ORT_DYLIB_PATH)",
+                    path.display()
+                )
+            });
     }
-    if let Some(dir) = std::env::current_exe()
-        .ok()
-        .and_then(|e| e.parent().map(Path::to_path_buf))
-    {
+    if let Some(dir) = std::env::current_exe().ok().and_then(|e| e.parent().map(Path::to_path_buf)) {
         for candidate in [dir.clone(), dir.join("lib"), dir.join("../lib")] {
             if let Some(path) = find_in_dir(&candidate) {
-                return Ok(Located {
-                    path,
-                    source: "next to the ferry binary",
-                });
+                return Ok(Located { path, source: "next to the ferry binary" });
             }
         }
     }
     if let Some(path) = python_package() {
-        return Ok(Located {
-            path,
-            source: "the Python onnxruntime package",
-        });
+        return Ok(Located { path, source: "the Python onnxruntime package" });
     }
     Err("ONNX Runtime library not found. Pass --onnxruntime-library=/path/to/libonnxruntime.so (or set \
          ORT_DYLIB_PATH), place libonnxruntime.so next to the ferry binary, or `pip install onnxruntime`"
@@ -44,11 +40,7 @@ pub fn locate(configured: Option<&Path>) -> Result<Located, String> {
 
 /// A file is taken as is; a directory is searched for the library.
 fn in_place(path: &Path) -> Option<PathBuf> {
-    if path.is_file() {
-        Some(path.to_path_buf())
-    } else {
-        find_in_dir(path)
-    }
+    if path.is_file() { Some(path.to_path_buf()) } else { find_in_dir(path) }
 }
 
 /// `libonnxruntime.so` or the newest `libonnxruntime.so.X.Y.Z` in `dir`.
@@ -68,10 +60,7 @@ fn find_in_dir(dir: &Path) -> Option<PathBuf> {
 
 fn python_package() -> Option<PathBuf> {
     let out = Command::new("python3")
-        .args([
-            "-c",
-            "import os, onnxruntime; print(os.path.dirname(onnxruntime.__file__))",
-        ])
+        .args(["-c", "import os, onnxruntime; print(os.path.dirname(onnxruntime.__file__))"])
         .output()
         .ok()?;
     if !out.status.success() {

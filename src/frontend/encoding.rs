@@ -4,9 +4,7 @@ use std::io::{Read, Write};
 
 use axum::body::Body;
 use bytes::{Bytes, BytesMut};
-use flate2::{
-    Compression, read::GzDecoder, read::ZlibDecoder, write::GzEncoder, write::ZlibEncoder,
-};
+use flate2::{Compression, read::GzDecoder, read::ZlibDecoder, write::GzEncoder, write::ZlibEncoder};
 use http_body_util::BodyExt;
 
 use crate::error::{Error, Result};
@@ -26,8 +24,7 @@ pub async fn read_body(body: Body, declared: Option<usize>, limit: usize) -> Res
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(0));
     let mut first: Option<Bytes> = None;
     while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| Error::invalid(format!("failed to read the request body: {e}")))?;
+        let frame = frame.map_err(|e| Error::invalid(format!("failed to read the request body: {e}")))?;
         let Ok(chunk) = frame.into_data() else {
             continue;
         };
@@ -50,9 +47,7 @@ pub async fn read_body(body: Body, declared: Option<usize>, limit: usize) -> Res
 
 /// Undoes `Content-Encoding` (gzip, deflate/zlib, identity), bounded by `limit`.
 pub fn decompress(body: Bytes, encoding: Option<&str>, limit: usize) -> Result<Bytes> {
-    let encoding = encoding
-        .map(|e| e.trim().to_ascii_lowercase())
-        .unwrap_or_default();
+    let encoding = encoding.map(|e| e.trim().to_ascii_lowercase()).unwrap_or_default();
     let reader: Box<dyn Read + '_> = match encoding.as_str() {
         "" | "identity" => return Ok(body),
         "gzip" | "x-gzip" => Box::new(GzDecoder::new(&body[..])),
@@ -60,20 +55,14 @@ pub fn decompress(body: Bytes, encoding: Option<&str>, limit: usize) -> Result<B
         "deflate" if body.starts_with(&[0x1f, 0x8b]) => Box::new(GzDecoder::new(&body[..])),
         "deflate" => Box::new(ZlibDecoder::new(&body[..])),
         other => {
-            return Err(Error::unsupported(format!(
-                "Unsupported compression type '{other}'"
-            )));
+            return Err(Error::unsupported(format!("Unsupported compression type '{other}'")));
         }
     };
     let mut out = Vec::new();
     reader
         .take(limit as u64 + 1)
         .read_to_end(&mut out)
-        .map_err(|e| {
-            Error::invalid(format!(
-                "cannot decompress the {encoding} request body: {e}"
-            ))
-        })?;
+        .map_err(|e| Error::invalid(format!("cannot decompress the {encoding} request body: {e}")))?;
     if out.len() > limit {
         return Err(too_large(limit));
     }
@@ -103,11 +92,7 @@ pub fn choose(accept: Option<&str>) -> Option<Coding> {
         let mut pieces = part.split(';');
         let name = pieces.next().unwrap_or("").trim().to_ascii_lowercase();
         let q = pieces
-            .filter_map(|p| {
-                p.trim()
-                    .strip_prefix("q=")
-                    .and_then(|v| v.trim().parse::<f32>().ok())
-            })
+            .filter_map(|p| p.trim().strip_prefix("q=").and_then(|v| v.trim().parse::<f32>().ok()))
             .next()
             .unwrap_or(1.0);
         let coding = match name.as_str() {
@@ -146,10 +131,7 @@ mod tests {
     fn accept_encoding_choice() {
         assert_eq!(choose(None), None);
         assert_eq!(choose(Some("gzip, deflate")), Some(Coding::Gzip));
-        assert_eq!(
-            choose(Some("deflate;q=0.9, gzip;q=0.5")),
-            Some(Coding::Deflate)
-        );
+        assert_eq!(choose(Some("deflate;q=0.9, gzip;q=0.5")), Some(Coding::Deflate));
         assert_eq!(choose(Some("identity, gzip")), None);
         assert_eq!(choose(Some("br, gzip;q=0")), None);
     }
@@ -159,38 +141,18 @@ mod tests {
         let text = vec![b'a'; 10_000];
         for coding in [Coding::Gzip, Coding::Deflate] {
             let packed = Bytes::from(compress(&text, coding).unwrap());
-            assert_eq!(
-                decompress(packed.clone(), Some(coding.name()), 20_000).unwrap(),
-                &text[..]
-            );
+            assert_eq!(decompress(packed.clone(), Some(coding.name()), 20_000).unwrap(), &text[..]);
             let err = decompress(packed, Some(coding.name()), 1_000).unwrap_err();
             assert_eq!(err.http_status(), 413);
         }
-        assert_eq!(
-            decompress(Bytes::from_static(b"x"), Some("br"), 10)
-                .unwrap_err()
-                .http_status(),
-            501
-        );
+        assert_eq!(decompress(Bytes::from_static(b"x"), Some("br"), 10).unwrap_err().http_status(), 501);
     }
 
     #[tokio::test]
     async fn body_limit() {
         let ok = read_body(Body::from("hello"), Some(5), 5).await.unwrap();
         assert_eq!(ok, "hello");
-        assert_eq!(
-            read_body(Body::from("hello"), Some(5), 4)
-                .await
-                .unwrap_err()
-                .http_status(),
-            413
-        );
-        assert_eq!(
-            read_body(Body::from("hello"), None, 4)
-                .await
-                .unwrap_err()
-                .http_status(),
-            413
-        );
+        assert_eq!(read_body(Body::from("hello"), Some(5), 4).await.unwrap_err().http_status(), 413);
+        assert_eq!(read_body(Body::from("hello"), None, 4).await.unwrap_err().http_status(), 413);
     }
 }

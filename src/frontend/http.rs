@@ -44,7 +44,8 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .route("/v2/models/stats", get(all_stats));
     let r = model_routes(r, "/v2/models/{model}");
     let r = model_routes(r, "/v2/models/{model}/versions/{version}");
-    r.fallback(not_found)
+    r.merge(super::http_ext::routes())
+        .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
@@ -63,10 +64,7 @@ async fn not_found() -> Response {
 }
 
 async fn method_not_allowed() -> Response {
-    json_response(
-        StatusCode::METHOD_NOT_ALLOWED,
-        &json!({"error": "Method Not Allowed"}),
-    )
+    json_response(StatusCode::METHOD_NOT_ALLOWED, &json!({"error": "Method Not Allowed"}))
 }
 
 /// The model and version named by the path. A version that is not a number is a route miss.
@@ -77,9 +75,7 @@ fn target(Path(params): Params) -> Result<(String, Option<u64>), Error> {
         None => Ok((model, None)),
         Some(v) if !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()) => match v.parse() {
             Ok(n) => Ok((model, Some(n))),
-            Err(_) => Err(Error::invalid(format!(
-                "invalid model version specified '{v}'"
-            ))),
+            Err(_) => Err(Error::invalid(format!("invalid model version specified '{v}'"))),
         },
         // A version that is not a number does not match the route.
         Some(_) => Err(Error::not_found("Not Found")),
@@ -94,27 +90,17 @@ async fn live(State(s): AppState) -> Response {
 }
 
 async fn ready(State(s): AppState) -> Response {
-    if s.engine.ready() {
-        StatusCode::OK
-    } else {
-        StatusCode::BAD_REQUEST
-    }
-    .into_response()
+    if s.engine.ready() { StatusCode::OK } else { StatusCode::BAD_REQUEST }.into_response()
 }
 
 async fn server_metadata(State(s): AppState) -> Response {
     let info = s.engine.server_info();
-    json_response(
-        StatusCode::OK,
-        &json!({"name": info.name, "version": info.version, "extensions": info.extensions}),
-    )
+    json_response(StatusCode::OK, &json!({"name": info.name, "version": info.version, "extensions": info.extensions}))
 }
 
 fn metadata_json(m: &ModelMetadata) -> Value {
     let tensors = |ts: &[crate::engine::TensorMetadata]| -> Vec<Value> {
-        ts.iter()
-            .map(|t| json!({"name": t.name, "datatype": t.datatype.wire(), "shape": t.shape}))
-            .collect()
+        ts.iter().map(|t| json!({"name": t.name, "datatype": t.datatype.wire(), "shape": t.shape})).collect()
     };
     json!({
         "name": m.name,
@@ -228,10 +214,7 @@ async fn infer(State(s): AppState, path: Params, headers: HeaderMap, body: Body)
         Err(e) => {
             let mut r = error_response(&e);
             if e.http_status() == 501 && e.message().starts_with("Unsupported compression") {
-                r.headers_mut().insert(
-                    header::ACCEPT_ENCODING,
-                    HeaderValue::from_static("gzip, deflate"),
-                );
+                r.headers_mut().insert(header::ACCEPT_ENCODING, HeaderValue::from_static("gzip, deflate"));
             }
             r
         }
@@ -247,17 +230,11 @@ async fn infer_inner(
 ) -> Result<Response, Error> {
     let declared = header_str(headers, "content-length").and_then(|v| v.parse().ok());
     let raw = encoding::read_body(body, declared, s.max_input_size).await?;
-    let body = encoding::decompress(
-        raw,
-        header_str(headers, "content-encoding"),
-        s.max_input_size,
-    )?;
+    let body = encoding::decompress(raw, header_str(headers, "content-encoding"), s.max_input_size)?;
     let header_len = match header_str(headers, "inference-header-content-length") {
         None => None,
         Some(v) => Some(v.trim().parse::<usize>().map_err(|_| {
-            Error::invalid(format!(
-                "Inference-Header-Content-Length must be a non-negative integer, got '{v}'"
-            ))
+            Error::invalid(format!("Inference-Header-Content-Length must be a non-negative integer, got '{v}'"))
         })?),
     };
     let (request, format) = if header_len == Some(0) {
@@ -265,7 +242,7 @@ async fn infer_inner(
         let batching = s.engine.model_config(&model, version)?.max_batch_size > 0;
         codec::decode_raw(&model, version, &meta.inputs, batching, body)?
     } else {
-        codec::decode(&model, version, body, header_len)?
+        codec::decode(&model, version, body, header_len, s.engine.shm())?
     };
     let response = s.engine.infer(request).await?;
     let encoded = codec::encode(&response, &format)?;
@@ -283,7 +260,5 @@ async fn infer_inner(
         body = packed;
         builder = builder.header(header::CONTENT_ENCODING, coding.name());
     }
-    builder
-        .body(Body::from(body))
-        .map_err(|e| Error::internal(format!("cannot build the reply: {e}")))
+    builder.body(Body::from(body)).map_err(|e| Error::internal(format!("cannot build the reply: {e}")))
 }

@@ -1,4 +1,5 @@
 //! Protocol front-ends: each translates its wire format into one engine call and back.
 pub mod encoding;
 pub mod http;
+pub mod http_ext;
 pub mod json;

@@ -7,9 +7,8 @@ use super::pbtxt;
 use crate::{
     backend::{ModelIo, TensorInfo},
     proto::inference::{
-        ModelConfig, ModelDynamicBatching, ModelInput, ModelInstanceGroup, ModelOutput,
-        ModelTensorReshape, ModelVersionPolicy, model_config::SchedulingChoice,
-        model_instance_group::Kind, model_version_policy,
+        ModelConfig, ModelDynamicBatching, ModelInput, ModelInstanceGroup, ModelOutput, ModelTensorReshape,
+        ModelVersionPolicy, model_config::SchedulingChoice, model_instance_group::Kind, model_version_policy,
     },
     tensor::{DataType, shape_string},
 };
@@ -21,9 +20,7 @@ pub fn read(dir: &Path, auto_complete: bool) -> Result<ModelConfig, String> {
     let path = dir.join(CONFIG_FILE);
     match std::fs::read_to_string(&path) {
         Ok(text) => pbtxt::parse(&text).map_err(|e| format!("{}: {e}", path.display())),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && auto_complete => {
-            Ok(ModelConfig::default())
-        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && auto_complete => Ok(ModelConfig::default()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
             "{} is missing and auto-complete is disabled (--disable-auto-complete-config / --strict-model-config)",
             path.display()
@@ -58,19 +55,13 @@ pub fn fill(cfg: &mut ModelConfig, dir: &Path, dir_name: &str) -> Result<(), Str
             cfg.platform = "onnxruntime_onnx".into();
         }
         if cfg.platform != "onnxruntime_onnx" {
-            return Err(format!(
-                "unexpected 'platform' and 'backend' pair, got:{}, {}",
-                cfg.platform, cfg.backend
-            ));
+            return Err(format!("unexpected 'platform' and 'backend' pair, got:{}, {}", cfg.platform, cfg.backend));
         }
         if cfg.default_model_filename.is_empty() {
             cfg.default_model_filename = "model.onnx".into();
         }
     } else if cfg.backend.is_empty() && cfg.platform.is_empty() {
-        return Err(format!(
-            "must specify 'platform' or 'backend' for '{}'",
-            cfg.name
-        ));
+        return Err(format!("must specify 'platform' or 'backend' for '{}'", cfg.name));
     } else if cfg.default_model_filename.is_empty() && !cfg.backend.is_empty() {
         cfg.default_model_filename = format!("model.{}", cfg.backend);
     }
@@ -90,35 +81,23 @@ fn looks_onnx(cfg: &ModelConfig, dir: &Path) -> bool {
         .map(|e| e.path())
         .collect();
     subdirs.sort();
-    subdirs
-        .first()
-        .is_some_and(|d| d.join("model.onnx").exists())
+    subdirs.first().is_some_and(|d| d.join("model.onnx").exists())
 }
 
 /// Completes missing inputs/outputs, and the batch size, from what the model file declares
 /// (§5.3). Parts the user wrote are never overwritten.
-pub fn complete(
-    cfg: &mut ModelConfig,
-    io: &ModelIo,
-    default_max_batch_size: i32,
-) -> Result<(), String> {
+pub fn complete(cfg: &mut ModelConfig, io: &ModelIo, default_max_batch_size: i32) -> Result<(), String> {
     let has_inputs = !cfg.input.is_empty() || !cfg.batch_input.is_empty();
     if has_inputs && !cfg.output.is_empty() {
         return Ok(());
     }
-    let batchable = io
-        .inputs
-        .iter()
-        .chain(&io.outputs)
-        .all(|t| t.shape.first() == Some(&-1));
+    let batchable = io.inputs.iter().chain(&io.outputs).all(|t| t.shape.first() == Some(&-1));
     if batchable && cfg.max_batch_size == 0 && default_max_batch_size > 0 {
         tracing::warn!(model = %cfg.name, max_batch_size = default_max_batch_size, "auto-complete set max_batch_size");
         cfg.max_batch_size = default_max_batch_size;
     }
     if batchable && cfg.max_batch_size > 1 && cfg.scheduling_choice.is_none() {
-        cfg.scheduling_choice = Some(SchedulingChoice::DynamicBatching(
-            ModelDynamicBatching::default(),
-        ));
+        cfg.scheduling_choice = Some(SchedulingChoice::DynamicBatching(ModelDynamicBatching::default()));
     }
     if !batchable && cfg.max_batch_size != 0 {
         return Err(format!(
@@ -133,13 +112,7 @@ pub fn complete(
             .iter()
             .map(|t| {
                 let (data_type, dims, reshape) = completed(t, batching, &cfg.name)?;
-                Ok(ModelInput {
-                    name: t.name.clone(),
-                    data_type,
-                    dims,
-                    reshape,
-                    ..Default::default()
-                })
+                Ok(ModelInput { name: t.name.clone(), data_type, dims, reshape, ..Default::default() })
             })
             .collect::<Result<_, String>>()?;
     }
@@ -149,13 +122,7 @@ pub fn complete(
             .iter()
             .map(|t| {
                 let (data_type, dims, reshape) = completed(t, batching, &cfg.name)?;
-                Ok(ModelOutput {
-                    name: t.name.clone(),
-                    data_type,
-                    dims,
-                    reshape,
-                    ..Default::default()
-                })
+                Ok(ModelOutput { name: t.name.clone(), data_type, dims, reshape, ..Default::default() })
             })
             .collect::<Result<_, String>>()?;
     }
@@ -168,11 +135,7 @@ fn completed(t: &TensorInfo, batching: bool, model: &str) -> Result<Completed, S
     let dt = t.datatype.ok_or_else(|| {
         format!("model '{model}': tensor '{}' is not a tensor of a supported datatype; list the model's inputs and outputs in config.pbtxt", t.name)
     })?;
-    let dims: Vec<i64> = if batching {
-        t.shape[1..].to_vec()
-    } else {
-        t.shape.clone()
-    };
+    let dims: Vec<i64> = if batching { t.shape[1..].to_vec() } else { t.shape.clone() };
     if dims.is_empty() {
         let reshape = batching.then(ModelTensorReshape::default);
         return Ok((dt.config(), vec![1], reshape));
@@ -182,16 +145,11 @@ fn completed(t: &TensorInfo, batching: bool, model: &str) -> Result<Completed, S
 
 /// Fills the defaults Triton writes into the effective config (§5.2, §6.5).
 pub fn normalize(cfg: &mut ModelConfig) {
-    if cfg
-        .version_policy
-        .as_ref()
-        .and_then(|p| p.policy_choice.as_ref())
-        .is_none()
-    {
+    if cfg.version_policy.as_ref().and_then(|p| p.policy_choice.as_ref()).is_none() {
         cfg.version_policy = Some(ModelVersionPolicy {
-            policy_choice: Some(model_version_policy::PolicyChoice::Latest(
-                model_version_policy::Latest { num_versions: 1 },
-            )),
+            policy_choice: Some(model_version_policy::PolicyChoice::Latest(model_version_policy::Latest {
+                num_versions: 1,
+            })),
         });
     }
     let max = cfg.max_batch_size;
@@ -205,17 +163,12 @@ pub fn normalize(cfg: &mut ModelConfig) {
         return;
     }
     let opt = cfg.optimization.get_or_insert_with(Default::default);
-    opt.input_pinned_memory.get_or_insert(
-        crate::proto::inference::model_optimization_policy::PinnedMemoryBuffer { enable: true },
-    );
-    opt.output_pinned_memory.get_or_insert(
-        crate::proto::inference::model_optimization_policy::PinnedMemoryBuffer { enable: true },
-    );
+    opt.input_pinned_memory
+        .get_or_insert(crate::proto::inference::model_optimization_policy::PinnedMemoryBuffer { enable: true });
+    opt.output_pinned_memory
+        .get_or_insert(crate::proto::inference::model_optimization_policy::PinnedMemoryBuffer { enable: true });
     if cfg.instance_group.is_empty() {
-        cfg.instance_group.push(ModelInstanceGroup {
-            name: cfg.name.clone(),
-            ..Default::default()
-        });
+        cfg.instance_group.push(ModelInstanceGroup { name: cfg.name.clone(), ..Default::default() });
     }
     let default_count = if cfg.backend == "onnxruntime" { 2 } else { 1 };
     for (i, group) in cfg.instance_group.iter_mut().enumerate() {
@@ -227,11 +180,7 @@ pub fn normalize(cfg: &mut ModelConfig) {
             group.kind = Kind::Cpu as i32;
         }
         if group.count < 1 {
-            group.count = if group.kind == Kind::Cpu as i32 {
-                default_count
-            } else {
-                1
-            };
+            group.count = if group.kind == Kind::Cpu as i32 { default_count } else { 1 };
         }
     }
 }

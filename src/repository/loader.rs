@@ -42,11 +42,7 @@ struct Prepared {
 
 impl Loader {
     pub fn new(backends: Backends, registry: Arc<Registry>, options: LoadOptions) -> Self {
-        Loader {
-            backends,
-            registry,
-            options,
-        }
+        Loader { backends, registry, options }
     }
 
     pub fn registry(&self) -> &Arc<Registry> {
@@ -54,25 +50,14 @@ impl Loader {
     }
 
     /// Loads or reloads the model in `dir`. `config_override` replaces config.pbtxt (load API).
-    pub async fn load(
-        &self,
-        name: &str,
-        dir: &Path,
-        config_override: Option<ModelConfig>,
-    ) -> Result<()> {
+    pub async fn load(&self, name: &str, dir: &Path, config_override: Option<ModelConfig>) -> Result<()> {
         let started = std::time::Instant::now();
         let prepared = {
-            let (name, dir, backends, options) = (
-                name.to_string(),
-                dir.to_path_buf(),
-                self.backends.clone(),
-                self.options.clone(),
-            );
-            tokio::task::spawn_blocking(move || {
-                prepare(&name, &dir, &backends, &options, config_override)
-            })
-            .await
-            .map_err(|e| Error::internal(format!("model load task failed: {e}")))?
+            let (name, dir, backends, options) =
+                (name.to_string(), dir.to_path_buf(), self.backends.clone(), self.options.clone());
+            tokio::task::spawn_blocking(move || prepare(&name, &dir, &backends, &options, config_override))
+                .await
+                .map_err(|e| Error::internal(format!("model load task failed: {e}")))?
         };
         let prepared = match prepared {
             Ok(p) => p,
@@ -86,25 +71,17 @@ impl Loader {
         let prepared = Arc::new(prepared);
         let mut tasks = Vec::new();
         for &version in &prepared.versions {
-            let (prepared, dir, cores, name) = (
-                Arc::clone(&prepared),
-                dir.to_path_buf(),
-                self.options.cores,
-                name.to_string(),
-            );
+            let (prepared, dir, cores, name) =
+                (Arc::clone(&prepared), dir.to_path_buf(), self.options.cores, name.to_string());
             tasks.push((
                 version,
-                tokio::task::spawn_blocking(move || {
-                    load_version(&name, &prepared, &dir, version, cores)
-                }),
+                tokio::task::spawn_blocking(move || load_version(&name, &prepared, &dir, version, cores)),
             ));
         }
         let mut outcomes = BTreeMap::new();
         let mut failures = Vec::new();
         for (version, task) in tasks {
-            let outcome = task
-                .await
-                .unwrap_or_else(|e| Err(format!("version load task failed: {e}")));
+            let outcome = task.await.unwrap_or_else(|e| Err(format!("version load task failed: {e}")));
             match &outcome {
                 Ok(_) => tracing::info!(model = name, version, "model version ready"),
                 Err(reason) => {
@@ -115,36 +92,21 @@ impl Loader {
             outcomes.insert(version, outcome.map(Arc::new));
         }
         for old in self.registry.install(name, outcomes) {
-            tracing::info!(
-                model = name,
-                version = old.version,
-                "retiring replaced model version"
-            );
+            tracing::info!(model = name, version = old.version, "retiring replaced model version");
             old.retire();
         }
-        tracing::debug!(
-            model = name,
-            seconds = started.elapsed().as_secs_f64(),
-            "load finished"
-        );
+        tracing::debug!(model = name, seconds = started.elapsed().as_secs_f64(), "load finished");
         if failures.is_empty() {
             Ok(())
         } else {
-            Err(Error::invalid(format!(
-                "failed to load '{name}': {}",
-                failures.join("; ")
-            )))
+            Err(Error::invalid(format!("failed to load '{name}': {}", failures.join("; "))))
         }
     }
 
     /// Takes a model out of service; its versions finish what they admitted.
     pub fn unload(&self, name: &str) {
         for old in self.registry.unload(name) {
-            tracing::info!(
-                model = name,
-                version = old.version,
-                "unloading model version"
-            );
+            tracing::info!(model = name, version = old.version, "unloading model version");
             old.retire();
         }
     }
@@ -172,29 +134,18 @@ fn prepare(
     };
     let backend = backends.get(&cfg.backend).map_err(|e| e.to_string())?;
     if options.auto_complete && (cfg.input.is_empty() || cfg.output.is_empty()) {
-        let io = backend
-            .model_io(&model_path(dir, newest, &cfg))
-            .map_err(|e| e.to_string())?;
+        let io = backend.model_io(&model_path(dir, newest, &cfg)).map_err(|e| e.to_string())?;
         config::complete(&mut cfg, &io, options.default_max_batch_size)?;
     }
     config::normalize(&mut cfg);
     config::validate(&cfg)?;
-    let labels = cfg
-        .output
-        .iter()
-        .map(|o| read_labels(dir, &o.label_filename))
-        .collect::<std::result::Result<_, _>>()?;
-    Ok(Prepared {
-        config: Arc::new(cfg),
-        backend,
-        versions,
-        labels,
-    })
+    let labels =
+        cfg.output.iter().map(|o| read_labels(dir, &o.label_filename)).collect::<std::result::Result<_, _>>()?;
+    Ok(Prepared { config: Arc::new(cfg), backend, versions, labels })
 }
 
 fn model_path(dir: &Path, version: u64, cfg: &ModelConfig) -> PathBuf {
-    dir.join(version.to_string())
-        .join(&cfg.default_model_filename)
+    dir.join(version.to_string()).join(&cfg.default_model_filename)
 }
 
 /// Label lines of an output's `label_filename`, which must stay inside the model folder.
@@ -204,12 +155,10 @@ fn read_labels(dir: &Path, file: &str) -> std::result::Result<Vec<String>, Strin
     }
     let rel = Path::new(file);
     if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
-        return Err(format!(
-            "label_filename '{file}' must be a path inside the model folder"
-        ));
+        return Err(format!("label_filename '{file}' must be a path inside the model folder"));
     }
-    let text = std::fs::read_to_string(dir.join(rel))
-        .map_err(|e| format!("cannot read label_filename '{file}': {e}"))?;
+    let text =
+        std::fs::read_to_string(dir.join(rel)).map_err(|e| format!("cannot read label_filename '{file}': {e}"))?;
     Ok(text.lines().map(str::to_string).collect())
 }
 
@@ -224,28 +173,17 @@ fn load_version(
     if p.backend.name() == "onnxruntime" && !path.exists() {
         return Err(format!("model file '{}' does not exist", path.display()));
     }
-    let total: usize = p
-        .config
-        .instance_group
-        .iter()
-        .map(|g| g.count.max(0) as usize)
-        .sum();
+    let total: usize = p.config.instance_group.iter().map(|g| g.count.max(0) as usize).sum();
     let threads = (cores / total.max(1)).max(1);
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(total);
     for group in &p.config.instance_group {
-        let device =
-            if group.kind == crate::proto::inference::model_instance_group::Kind::Gpu as i32 {
-                Device::Gpu(group.gpus.first().copied().unwrap_or(0))
-            } else {
-                Device::Cpu
-            };
+        let device = if group.kind == crate::proto::inference::model_instance_group::Kind::Gpu as i32 {
+            Device::Gpu(group.gpus.first().copied().unwrap_or(0))
+        } else {
+            Device::Cpu
+        };
         for _ in 0..group.count.max(0) {
-            let spec = InstanceSpec {
-                model_path: &path,
-                config: &p.config,
-                device,
-                intra_op_threads: threads,
-            };
+            let spec = InstanceSpec { model_path: &path, config: &p.config, device, intra_op_threads: threads };
             let instance = p.backend.load(&spec).map_err(|e| e.to_string())?;
             if instances.is_empty()
                 && let Some(io) = instance.model_io()
@@ -255,27 +193,14 @@ fn load_version(
             instances.push(instance);
         }
     }
-    let schema =
-        Arc::new(Schema::from_config(&p.config, p.labels.clone()).map_err(|e| e.to_string())?);
+    let schema = Arc::new(Schema::from_config(&p.config, p.labels.clone()).map_err(|e| e.to_string())?);
     let stats = Arc::new(Stats::default());
     let dynamic = match &p.config.scheduling_choice {
         Some(SchedulingChoice::DynamicBatching(db)) => Some(db),
         _ => None,
     };
     let policy = BatchPolicy::new(schema.max_batch_size, dynamic);
-    let ctx = ModelContext {
-        name: name.to_string(),
-        version,
-        schema: Arc::clone(&schema),
-        stats: Arc::clone(&stats),
-    };
+    let ctx = ModelContext { name: name.to_string(), version, schema: Arc::clone(&schema), stats: Arc::clone(&stats) };
     let scheduler = Scheduler::start(ctx, policy, instances).map_err(|e| e.to_string())?;
-    Ok(ModelVersion {
-        name: name.to_string(),
-        version,
-        config: Arc::clone(&p.config),
-        schema,
-        scheduler,
-        stats,
-    })
+    Ok(ModelVersion { name: name.to_string(), version, config: Arc::clone(&p.config), schema, scheduler, stats })
 }

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use crate::proto::inference::{ModelVersionPolicy, model_version_policy::PolicyChoice};
 
 pub mod config;
+pub mod control;
 pub mod embedded;
 pub mod loader;
 pub mod pbtxt;
@@ -30,11 +31,7 @@ pub fn scan(roots: &[PathBuf]) -> (Vec<Found>, Vec<(String, String)>) {
                 continue;
             }
         };
-        let mut dirs: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok())
-            .map(|e| e.path())
-            .filter(|p| p.is_dir())
-            .collect();
+        let mut dirs: Vec<PathBuf> = entries.filter_map(|e| e.ok()).map(|e| e.path()).filter(|p| p.is_dir()).collect();
         dirs.sort();
         for dir in dirs {
             let Some(name) = dir.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
@@ -48,11 +45,7 @@ pub fn scan(roots: &[PathBuf]) -> (Vec<Found>, Vec<(String, String)>) {
                 let other = found.remove(first);
                 duplicates.push((
                     name.clone(),
-                    format!(
-                        "model '{name}' is in two repositories: '{}' and '{}'",
-                        other.dir.display(),
-                        dir.display()
-                    ),
+                    format!("model '{name}' is in two repositories: '{}' and '{}'", other.dir.display(), dir.display()),
                 ));
             } else if !duplicates.iter().any(|(n, _)| *n == name) {
                 found.push(Found { name, dir });
@@ -70,15 +63,7 @@ pub fn version_dirs(dir: &Path) -> Vec<u64> {
         .flatten()
         .filter_map(|e| e.ok())
         .filter(|e| e.path().is_dir())
-        .filter_map(|e| {
-            e.file_name().to_str().and_then(|n| {
-                if n.starts_with('0') {
-                    None
-                } else {
-                    n.parse().ok()
-                }
-            })
-        })
+        .filter_map(|e| e.file_name().to_str().and_then(|n| if n.starts_with('0') { None } else { n.parse().ok() }))
         .collect();
     versions.sort_unstable();
     versions
@@ -88,11 +73,9 @@ pub fn version_dirs(dir: &Path) -> Vec<u64> {
 pub fn select_versions(policy: Option<&ModelVersionPolicy>, available: &[u64]) -> Vec<u64> {
     match policy.and_then(|p| p.policy_choice.as_ref()) {
         Some(PolicyChoice::All(_)) => available.to_vec(),
-        Some(PolicyChoice::Specific(s)) => available
-            .iter()
-            .copied()
-            .filter(|v| s.versions.iter().any(|&w| w >= 0 && w as u64 == *v))
-            .collect(),
+        Some(PolicyChoice::Specific(s)) => {
+            available.iter().copied().filter(|v| s.versions.iter().any(|&w| w >= 0 && w as u64 == *v)).collect()
+        }
         Some(PolicyChoice::Latest(l)) => {
             let n = (l.num_versions.max(1) as usize).min(available.len());
             available[available.len() - n..].to_vec()
@@ -107,29 +90,16 @@ mod tests {
     use crate::proto::inference::model_version_policy::{All, Latest, Specific};
 
     fn policy(p: PolicyChoice) -> ModelVersionPolicy {
-        ModelVersionPolicy {
-            policy_choice: Some(p),
-        }
+        ModelVersionPolicy { policy_choice: Some(p) }
     }
 
     #[test]
     fn version_policies() {
         let have = [1, 2, 5];
         assert_eq!(select_versions(None, &have), vec![5]);
-        assert_eq!(
-            select_versions(
-                Some(&policy(PolicyChoice::Latest(Latest { num_versions: 2 }))),
-                &have
-            ),
-            vec![2, 5]
-        );
-        assert_eq!(
-            select_versions(Some(&policy(PolicyChoice::All(All {}))), &have),
-            vec![1, 2, 5]
-        );
-        let specific = policy(PolicyChoice::Specific(Specific {
-            versions: vec![1, 3],
-        }));
+        assert_eq!(select_versions(Some(&policy(PolicyChoice::Latest(Latest { num_versions: 2 }))), &have), vec![2, 5]);
+        assert_eq!(select_versions(Some(&policy(PolicyChoice::All(All {}))), &have), vec![1, 2, 5]);
+        let specific = policy(PolicyChoice::Specific(Specific { versions: vec![1, 3] }));
         assert_eq!(select_versions(Some(&specific), &have), vec![1]);
         assert!(select_versions(None, &[]).is_empty());
     }

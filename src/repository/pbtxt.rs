@@ -7,9 +7,7 @@ use prost_reflect::{DeserializeOptions, DynamicMessage, MessageDescriptor, Seria
 use crate::proto::{DESCRIPTORS, inference::ModelConfig};
 
 fn descriptor() -> MessageDescriptor {
-    DESCRIPTORS
-        .get_message_by_name("inference.ModelConfig")
-        .expect("ModelConfig is in proto/")
+    DESCRIPTORS.get_message_by_name("inference.ModelConfig").expect("ModelConfig is in proto/")
 }
 
 /// Parses config.pbtxt text. Errors read `line L, column C: <what>`.
@@ -24,8 +22,7 @@ pub fn parse(text: &str) -> Result<ModelConfig, String> {
         let (line, col) = line_col(text, at);
         format!("line {line}, column {col}: {e}")
     })?;
-    msg.transcode_to::<ModelConfig>()
-        .map_err(|e| format!("config does not fit ModelConfig: {e}"))
+    msg.transcode_to::<ModelConfig>().map_err(|e| format!("config does not fit ModelConfig: {e}"))
 }
 
 /// Parses Triton's JSON form (the load API's `config` override): proto field names or their
@@ -34,8 +31,7 @@ pub fn parse(text: &str) -> Result<ModelConfig, String> {
 pub fn from_json(text: &str) -> Result<ModelConfig, String> {
     let mut de = serde_json::Deserializer::from_str(text);
     let options = DeserializeOptions::new().deny_unknown_fields(true);
-    let msg = DynamicMessage::deserialize_with_options(descriptor(), &mut de, &options)
-        .map_err(|e| e.to_string())?;
+    let msg = DynamicMessage::deserialize_with_options(descriptor(), &mut de, &options).map_err(|e| e.to_string())?;
     de.end().map_err(|e| e.to_string())?;
     msg.transcode_to::<ModelConfig>().map_err(|e| e.to_string())
 }
@@ -44,12 +40,9 @@ pub fn from_json(text: &str) -> Result<ModelConfig, String> {
 /// sub-messages left out, enums by name, 64-bit integers as numbers.
 pub fn to_json(config: &ModelConfig) -> serde_json::Value {
     let mut msg = DynamicMessage::new(descriptor());
-    msg.transcode_from(config)
-        .expect("ModelConfig transcodes to its own descriptor");
-    let options = SerializeOptions::new()
-        .use_proto_field_name(true)
-        .skip_default_fields(false)
-        .stringify_64_bit_integers(false);
+    msg.transcode_from(config).expect("ModelConfig transcodes to its own descriptor");
+    let options =
+        SerializeOptions::new().use_proto_field_name(true).skip_default_fields(false).stringify_64_bit_integers(false);
     let mut out = Vec::new();
     msg.serialize_with_options(&mut serde_json::Serializer::new(&mut out), &options)
         .expect("a DynamicMessage serializes to JSON");
@@ -153,9 +146,7 @@ fn original_offset(offset: usize, inserted: &[usize]) -> usize {
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
-    let col = before.rfind('\n').map_or(before.chars().count(), |nl| {
-        before[nl + 1..].chars().count()
-    }) + 1;
+    let col = before.rfind('\n').map_or(before.chars().count(), |nl| before[nl + 1..].chars().count()) + 1;
     (line, col)
 }
 
@@ -196,10 +187,7 @@ parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
         assert_eq!(cfg.name, "densenet_onnx");
         assert_eq!(cfg.input.len(), 1);
         assert_eq!(cfg.input[0].dims, vec![3, 224, 224]);
-        assert_eq!(
-            cfg.input[0].reshape.as_ref().unwrap().shape,
-            vec![1, 3, 224, 224]
-        );
+        assert_eq!(cfg.input[0].reshape.as_ref().unwrap().shape, vec![1, 3, 224, 224]);
         assert_eq!(cfg.output[0].label_filename, "densenet_labels.txt");
         assert_eq!(cfg.instance_group[0].count, 2);
         assert_eq!(cfg.instance_group[0].kind, 2);
@@ -215,10 +203,7 @@ parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
 
     #[test]
     fn repeated_blocks_and_single_quotes() {
-        let cfg = parse(
-            "input { name: 'a' data_type: TYPE_INT32 dims: 4 dims: 5 }\ninput { name: \"b\" }",
-        )
-        .unwrap();
+        let cfg = parse("input { name: 'a' data_type: TYPE_INT32 dims: 4 dims: 5 }\ninput { name: \"b\" }").unwrap();
         assert_eq!(cfg.input.len(), 2);
         assert_eq!(cfg.input[0].dims, vec![4, 5]);
         assert_eq!(cfg.input[1].name, "b");
@@ -254,10 +239,7 @@ parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
         assert_eq!(json["max_batch_size"], 0);
         assert_eq!(json["input"][0]["data_type"], "TYPE_FP32");
         assert_eq!(json["input"][0]["dims"], serde_json::json!([3, 224, 224]));
-        assert_eq!(
-            json["dynamic_batching"]["max_queue_delay_microseconds"],
-            100
-        );
+        assert_eq!(json["dynamic_batching"]["max_queue_delay_microseconds"], 100);
         assert_eq!(json["input"][0]["is_shape_tensor"], false);
         assert!(json.get("sequence_batching").is_none(), "{json}");
         assert!(json.get("response_cache").is_none(), "{json}");
@@ -268,7 +250,9 @@ parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
     #[test]
     fn json_override_rejects_unknown_fields() {
         assert!(from_json(r#"{"name":"m","inputs":[]}"#).is_err());
-        let cfg = from_json(r#"{"name":"m","maxBatchSize":4,"input":[{"name":"x","data_type":"TYPE_FP32","dims":["3"]}]}"#).unwrap();
+        let cfg =
+            from_json(r#"{"name":"m","maxBatchSize":4,"input":[{"name":"x","data_type":"TYPE_FP32","dims":["3"]}]}"#)
+                .unwrap();
         assert_eq!(cfg.max_batch_size, 4);
         assert_eq!(cfg.input[0].dims, vec![3]);
     }

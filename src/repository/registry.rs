@@ -78,35 +78,23 @@ impl Registry {
     /// The version a request should run on: the one asked for, else the highest ready one.
     pub fn resolve(&self, name: &str, version: Option<u64>) -> Result<Arc<ModelVersion>> {
         let models = self.read();
-        let unknown =
-            || Error::not_found(format!("Request for unknown model: '{name}' is not found"));
+        let unknown = || Error::not_found(format!("Request for unknown model: '{name}' is not found"));
         let entry = models.get(name).ok_or_else(unknown)?;
         match version {
             Some(v) => {
                 let slot = entry.versions.get(&v).ok_or_else(|| {
-                    Error::not_found(format!(
-                        "Request for unknown model: '{name}' version {v} is not found"
-                    ))
+                    Error::not_found(format!("Request for unknown model: '{name}' version {v} is not found"))
                 })?;
                 slot.serving.clone().ok_or_else(|| {
-                    Error::unavailable(format!(
-                        "Request for unknown model: '{name}' version {v} is not at ready state"
-                    ))
+                    Error::unavailable(format!("Request for unknown model: '{name}' version {v} is not at ready state"))
                 })
             }
-            None => entry
-                .versions
-                .values()
-                .rev()
-                .find_map(|s| s.serving.clone())
-                .ok_or_else(|| match &entry.reason {
-                    Some(reason) if entry.versions.is_empty() => Error::unavailable(format!(
-                        "Request for unknown model: '{name}' is not available: {reason}"
-                    )),
-                    _ => Error::not_found(format!(
-                        "Request for unknown model: '{name}' has no available versions"
-                    )),
-                }),
+            None => entry.versions.values().rev().find_map(|s| s.serving.clone()).ok_or_else(|| match &entry.reason {
+                Some(reason) if entry.versions.is_empty() => {
+                    Error::unavailable(format!("Request for unknown model: '{name}' is not available: {reason}"))
+                }
+                _ => Error::not_found(format!("Request for unknown model: '{name}' has no available versions")),
+            }),
         }
     }
 
@@ -127,10 +115,7 @@ impl Registry {
     /// Strict readiness: every known version ready, except models unloaded on purpose.
     pub fn all_ready(&self) -> bool {
         self.read().values().filter(|e| !e.unloaded).all(|e| {
-            e.reason.is_none()
-                && e.versions
-                    .values()
-                    .all(|s| s.serving.is_some() && s.state == Some(State::Ready))
+            e.reason.is_none() && e.versions.values().all(|s| s.serving.is_some() && s.state == Some(State::Ready))
         })
     }
 
@@ -139,11 +124,7 @@ impl Registry {
         let mut out = Vec::new();
         for (name, e) in models.iter() {
             if e.versions.is_empty() {
-                let state = if e.reason.is_some() {
-                    State::Unavailable
-                } else {
-                    State::Unknown
-                };
+                let state = if e.reason.is_some() { State::Unavailable } else { State::Unknown };
                 out.push(IndexEntry {
                     name: name.clone(),
                     version: None,
@@ -188,9 +169,7 @@ impl Registry {
                 s.reason = format!("reload failed, still serving the previous load: {reason}");
             }
         } else {
-            entry
-                .versions
-                .retain(|_, s| s.state != Some(State::Loading));
+            entry.versions.retain(|_, s| s.state != Some(State::Loading));
             entry.reason = Some(reason.to_string());
         }
     }
@@ -198,11 +177,7 @@ impl Registry {
     /// Installs the outcome of a load in one step. Versions that loaded replace what served
     /// before; versions that failed leave an old copy serving when there is one; versions
     /// outside the new set leave service. Returns the versions to retire.
-    pub fn install(
-        &self,
-        name: &str,
-        outcomes: BTreeMap<u64, VersionOutcome>,
-    ) -> Vec<Arc<ModelVersion>> {
+    pub fn install(&self, name: &str, outcomes: BTreeMap<u64, VersionOutcome>) -> Vec<Arc<ModelVersion>> {
         let mut models = self.write();
         let entry = models.entry(name.to_string()).or_default();
         entry.reason = None;
@@ -224,8 +199,7 @@ impl Registry {
                 }
                 Err(reason) if slot.serving.is_some() => {
                     slot.state = Some(State::Ready);
-                    slot.reason =
-                        format!("reload failed, still serving the previous load: {reason}");
+                    slot.reason = format!("reload failed, still serving the previous load: {reason}");
                 }
                 Err(reason) => {
                     slot.state = Some(State::Unavailable);
@@ -257,11 +231,6 @@ impl Registry {
 
     /// Records a model name that exists in a repository but is not loaded.
     pub fn know(&self, name: &str) {
-        self.write()
-            .entry(name.to_string())
-            .or_insert_with(|| Entry {
-                unloaded: true,
-                ..Default::default()
-            });
+        self.write().entry(name.to_string()).or_insert_with(|| Entry { unloaded: true, ..Default::default() });
     }
 }

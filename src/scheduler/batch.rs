@@ -45,10 +45,7 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, jobs: Ve
             data: buf.bytes(),
         })
         .collect();
-    let names: Vec<&str> = wanted
-        .iter()
-        .map(|&i| schema.outputs[i].name.as_str())
-        .collect();
+    let names: Vec<&str> = wanted.iter().map(|&i| schema.outputs[i].name.as_str()).collect();
     let input_done = Instant::now();
     let result = instance.execute(&inputs, &names);
     let infer_done = Instant::now();
@@ -73,15 +70,8 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, jobs: Ve
             (job, response)
         })
         .collect();
-    let queued: Vec<_> = replies
-        .iter()
-        .map(|(j, _)| start.saturating_duration_since(j.enqueued))
-        .collect();
-    let phases = PhaseTimes {
-        input: input_done - start,
-        infer: infer_done - input_done,
-        output: infer_done.elapsed(),
-    };
+    let queued: Vec<_> = replies.iter().map(|(j, _)| start.saturating_duration_since(j.enqueued)).collect();
+    let phases = PhaseTimes { input: input_done - start, infer: infer_done - input_done, output: infer_done.elapsed() };
     ctx.stats.record_execution(rows as u64, &queued, phases);
     for (job, response) in replies {
         let _ = job.reply.send(response);
@@ -90,10 +80,7 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, jobs: Ve
 
 /// Schema indices of every output some request of the batch asked for, in schema order.
 fn wanted_outputs(jobs: &[Job]) -> Vec<usize> {
-    let mut wanted: Vec<usize> = jobs
-        .iter()
-        .flat_map(|j| j.req.outputs.iter().map(|o| o.index))
-        .collect();
+    let mut wanted: Vec<usize> = jobs.iter().flat_map(|j| j.req.outputs.iter().map(|o| o.index)).collect();
     wanted.sort_unstable();
     wanted.dedup();
     wanted
@@ -107,11 +94,7 @@ fn assemble(schema: &Schema, jobs: &[Job], rows: usize) -> Vec<(usize, Vec<i64>,
             if jobs.len() == 1 {
                 return Some((i, head.shape.clone(), Buffer::Shared(head.data.clone())));
             }
-            let len: usize = jobs
-                .iter()
-                .filter_map(|j| j.req.inputs[i].as_ref())
-                .map(|t| t.data.len())
-                .sum();
+            let len: usize = jobs.iter().filter_map(|j| j.req.inputs[i].as_ref()).map(|t| t.data.len()).sum();
             let mut words = vec![0u64; len.div_ceil(8)];
             let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
             let mut at = 0;
@@ -127,12 +110,7 @@ fn assemble(schema: &Schema, jobs: &[Job], rows: usize) -> Vec<(usize, Vec<i64>,
 }
 
 /// Checks what the backend returned against the config, and maps them by schema index.
-fn check_outputs(
-    ctx: &ModelContext,
-    wanted: &[usize],
-    outs: Vec<Tensor>,
-    rows: usize,
-) -> Result<Vec<Tensor>> {
+fn check_outputs(ctx: &ModelContext, wanted: &[usize], outs: Vec<Tensor>, rows: usize) -> Result<Vec<Tensor>> {
     if outs.len() != wanted.len() {
         return Err(Error::internal(format!(
             "model '{}' returned {} outputs, expected {}",
@@ -176,9 +154,7 @@ fn respond(
         .outputs
         .iter()
         .map(|o| {
-            let t = &outs[wanted
-                .binary_search(&o.index)
-                .expect("every requested output was run")];
+            let t = &outs[wanted.binary_search(&o.index).expect("every requested output was run")];
             let spec = &schema.outputs[o.index];
             let mut part = if schema.batching() && rows != job.req.rows {
                 slice_rows(t, offset, job.req.rows, rows)?
@@ -213,12 +189,7 @@ fn slice_rows(t: &Tensor, offset: usize, n: usize, rows: usize) -> Result<Tensor
     };
     let mut shape = t.shape.clone();
     shape[0] = n as i64;
-    Ok(Tensor {
-        name: t.name.clone(),
-        datatype: t.datatype,
-        shape,
-        data: t.data.slice(range),
-    })
+    Ok(Tensor { name: t.name.clone(), datatype: t.datatype, shape, data: t.data.slice(range) })
 }
 
 /// An output with a config `reshape` goes back to clients in its `dims` shape.
@@ -226,11 +197,7 @@ fn client_shape(spec: &TensorSpec, batching: bool, model_shape: &[i64]) -> Vec<i
     if spec.reshape.is_none() {
         return model_shape.to_vec();
     }
-    let batch: Vec<i64> = if batching {
-        model_shape.first().copied().into_iter().collect()
-    } else {
-        Vec::new()
-    };
+    let batch: Vec<i64> = if batching { model_shape.first().copied().into_iter().collect() } else { Vec::new() };
     let mut shape = batch.clone();
     shape.extend_from_slice(&spec.dims);
     let unknown = spec.dims.iter().filter(|&&d| d == -1).count();
@@ -240,10 +207,7 @@ fn client_shape(spec: &TensorSpec, batching: bool, model_shape: &[i64]) -> Vec<i
     let total = element_count(model_shape).unwrap_or(0) as i64;
     let known: i64 = shape.iter().filter(|&&d| d != -1).product();
     if unknown == 1 && known > 0 {
-        shape
-            .iter_mut()
-            .filter(|d| **d == -1)
-            .for_each(|d| *d = total / known);
+        shape.iter_mut().filter(|d| **d == -1).for_each(|d| *d = total / known);
         shape
     } else {
         model_shape.to_vec()

@@ -19,18 +19,10 @@ pub struct BatchPolicy {
 impl BatchPolicy {
     pub fn new(max_batch_size: usize, dynamic: Option<&ModelDynamicBatching>) -> Self {
         let Some(db) = dynamic.filter(|_| max_batch_size > 0) else {
-            return BatchPolicy {
-                max_batch_size,
-                dynamic: false,
-                preferred: Vec::new(),
-                max_delay: Duration::ZERO,
-            };
+            return BatchPolicy { max_batch_size, dynamic: false, preferred: Vec::new(), max_delay: Duration::ZERO };
         };
-        let mut preferred: Vec<usize> = db
-            .preferred_batch_size
-            .iter()
-            .filter_map(|&p| usize::try_from(p).ok())
-            .collect();
+        let mut preferred: Vec<usize> =
+            db.preferred_batch_size.iter().filter_map(|&p| usize::try_from(p).ok()).collect();
         preferred.sort_unstable();
         preferred.dedup();
         BatchPolicy {
@@ -42,10 +34,7 @@ impl BatchPolicy {
     }
 
     fn largest_preferred(&self) -> usize {
-        self.preferred
-            .last()
-            .copied()
-            .unwrap_or(self.max_batch_size)
+        self.preferred.last().copied().unwrap_or(self.max_batch_size)
     }
 }
 
@@ -122,31 +111,16 @@ mod tests {
     }
 
     fn queue(t0: Instant, rows: &[usize]) -> Vec<(usize, Instant)> {
-        rows.iter()
-            .enumerate()
-            .map(|(i, &r)| (r, t0 + Duration::from_micros(i as u64)))
-            .collect()
+        rows.iter().enumerate().map(|(i, &r)| (r, t0 + Duration::from_micros(i as u64))).collect()
     }
 
     fn run(p: &BatchPolicy, q: &[(usize, Instant)], now: Instant) -> Decision {
-        decide(
-            p,
-            q.iter().map(|&(rows, enqueued)| Pending {
-                rows,
-                enqueued,
-                key: &[],
-            }),
-            now,
-            false,
-        )
+        decide(p, q.iter().map(|&(rows, enqueued)| Pending { rows, enqueued, key: &[] }), now, false)
     }
 
     #[test]
     fn empty_queue_is_idle() {
-        assert_eq!(
-            run(&policy(8, &[], 100), &[], Instant::now()),
-            Decision::Idle
-        );
+        assert_eq!(run(&policy(8, &[], 100), &[], Instant::now()), Decision::Idle);
     }
 
     #[test]
@@ -169,14 +143,8 @@ mod tests {
         let t0 = Instant::now();
         let p = policy(8, &[], 100);
         let q = queue(t0, &[1, 1, 1]);
-        assert_eq!(
-            run(&p, &q, t0),
-            Decision::WaitUntil(t0 + Duration::from_micros(100))
-        );
-        assert_eq!(
-            run(&p, &q, t0 + Duration::from_micros(100)),
-            Decision::Run(3)
-        );
+        assert_eq!(run(&p, &q, t0), Decision::WaitUntil(t0 + Duration::from_micros(100)));
+        assert_eq!(run(&p, &q, t0 + Duration::from_micros(100)), Decision::Run(3));
     }
 
     #[test]
@@ -192,10 +160,7 @@ mod tests {
         let p = policy(16, &[2, 4], 1_000_000);
         assert_eq!(run(&p, &queue(t0, &[1, 1, 1]), t0), Decision::Run(2));
         assert_eq!(run(&p, &queue(t0, &[1, 1, 1, 1, 1]), t0), Decision::Run(4));
-        assert_eq!(
-            run(&p, &queue(t0, &[3]), t0),
-            Decision::WaitUntil(t0 + Duration::from_secs(1))
-        );
+        assert_eq!(run(&p, &queue(t0, &[3]), t0), Decision::WaitUntil(t0 + Duration::from_secs(1)));
         // A batch at the largest preferred size runs at once and grows no further.
         assert_eq!(run(&p, &queue(t0, &[4, 1]), t0), Decision::Run(1));
         // A request larger than the largest preferred size runs alone.
@@ -207,16 +172,7 @@ mod tests {
         let t0 = Instant::now();
         let p = policy(8, &[], 1_000_000);
         let keys: [&[i64]; 3] = [&[3], &[3], &[5]];
-        let d = decide(
-            &p,
-            keys.iter().map(|k| Pending {
-                rows: 1,
-                enqueued: t0,
-                key: k,
-            }),
-            t0,
-            false,
-        );
+        let d = decide(&p, keys.iter().map(|k| Pending { rows: 1, enqueued: t0, key: k }), t0, false);
         assert_eq!(d, Decision::Run(2));
     }
 
@@ -225,16 +181,7 @@ mod tests {
         let t0 = Instant::now();
         let p = policy(8, &[], 1_000_000);
         let q = queue(t0, &[1]);
-        let d = decide(
-            &p,
-            q.iter().map(|&(rows, enqueued)| Pending {
-                rows,
-                enqueued,
-                key: &[],
-            }),
-            t0,
-            true,
-        );
+        let d = decide(&p, q.iter().map(|&(rows, enqueued)| Pending { rows, enqueued, key: &[] }), t0, true);
         assert_eq!(d, Decision::Run(1));
     }
 

@@ -84,9 +84,7 @@ impl Shared {
                         .0;
                 }
                 batcher::Decision::Idle if q.stopping => return None,
-                batcher::Decision::Idle => {
-                    q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner())
-                }
+                batcher::Decision::Idle => q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner()),
             }
         }
     }
@@ -103,16 +101,8 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Starts one thread per instance.
-    pub fn start(
-        ctx: ModelContext,
-        policy: BatchPolicy,
-        instances: Vec<Box<dyn ModelInstance>>,
-    ) -> Result<Scheduler> {
-        let shared = Arc::new(Shared {
-            queue: Mutex::default(),
-            ready: Condvar::new(),
-            policy,
-        });
+    pub fn start(ctx: ModelContext, policy: BatchPolicy, instances: Vec<Box<dyn ModelInstance>>) -> Result<Scheduler> {
+        let shared = Arc::new(Shared { queue: Mutex::default(), ready: Condvar::new(), policy });
         let ctx = Arc::new(ctx);
         let mut workers = Vec::with_capacity(instances.len());
         for (i, mut instance) in instances.into_iter().enumerate() {
@@ -128,10 +118,7 @@ impl Scheduler {
                 .map_err(|e| Error::internal(format!("cannot start an instance thread: {e}")))?;
             workers.push(handle);
         }
-        Ok(Scheduler {
-            shared,
-            workers: Mutex::new(workers),
-        })
+        Ok(Scheduler { shared, workers: Mutex::new(workers) })
     }
 
     /// Queues a request; the receiver gets its one reply.
@@ -141,11 +128,7 @@ impl Scheduler {
         if q.stopping {
             return Err(Retired(Box::new(req)));
         }
-        q.jobs.push_back(Job {
-            req,
-            enqueued: Instant::now(),
-            reply: tx,
-        });
+        q.jobs.push_back(Job { req, enqueued: Instant::now(), reply: tx });
         drop(q);
         self.shared.ready.notify_one();
         Ok(rx)

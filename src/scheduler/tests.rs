@@ -45,21 +45,11 @@ fn spec(name: &str) -> TensorSpec {
 }
 
 fn scheduler(policy: BatchPolicy, instances: usize, pause: Duration) -> (Scheduler, Arc<Stats>) {
-    let schema = Arc::new(Schema {
-        max_batch_size: 8,
-        inputs: vec![spec("x")],
-        outputs: vec![spec("y")],
-    });
+    let schema = Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")] });
     let stats = Arc::new(Stats::default());
-    let ctx = ModelContext {
-        name: "m".into(),
-        version: 1,
-        schema,
-        stats: Arc::clone(&stats),
-    };
-    let instances: Vec<Box<dyn ModelInstance>> = (0..instances)
-        .map(|_| Box::new(Doubler { pause }) as Box<dyn ModelInstance>)
-        .collect();
+    let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::clone(&stats) };
+    let instances: Vec<Box<dyn ModelInstance>> =
+        (0..instances).map(|_| Box::new(Doubler { pause }) as Box<dyn ModelInstance>).collect();
     (Scheduler::start(ctx, policy, instances).unwrap(), stats)
 }
 
@@ -69,37 +59,22 @@ fn request(v: i32) -> ValidatedRequest {
         id: v.to_string(),
         parameters: Default::default(),
         rows: 1,
-        inputs: vec![Some(ModelTensor {
-            shape: vec![1, 2],
-            data: Bytes::from(data),
-        })],
-        outputs: vec![OutputRequest {
-            index: 0,
-            classification: None,
-        }],
+        inputs: vec![Some(ModelTensor { shape: vec![1, 2], data: Bytes::from(data) })],
+        outputs: vec![OutputRequest { index: 0, classification: None }],
         batch_key: vec![2],
     }
 }
 
 fn values(t: &Tensor) -> Vec<i32> {
-    t.data
-        .chunks_exact(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
+    t.data.chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect()
 }
 
 #[tokio::test]
 async fn batches_concurrent_requests_and_answers_each() {
-    let policy = BatchPolicy {
-        max_batch_size: 8,
-        dynamic: true,
-        preferred: vec![],
-        max_delay: Duration::from_millis(50),
-    };
+    let policy =
+        BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: Duration::from_millis(50) };
     let (s, stats) = scheduler(policy, 1, Duration::from_millis(20));
-    let replies: Vec<_> = (0..16)
-        .map(|v| s.submit(request(v)).ok().unwrap())
-        .collect();
+    let replies: Vec<_> = (0..16).map(|v| s.submit(request(v)).ok().unwrap()).collect();
     for (v, reply) in replies.into_iter().enumerate() {
         let resp = reply.await.unwrap().unwrap();
         let v = v as i32;
@@ -109,11 +84,7 @@ async fn batches_concurrent_requests_and_answers_each() {
     }
     let snap = stats.snapshot();
     assert_eq!(snap.inference_count, 16);
-    assert!(
-        snap.execution_count <= 4,
-        "16 queued requests ran in {} executions",
-        snap.execution_count
-    );
+    assert!(snap.execution_count <= 4, "16 queued requests ran in {} executions", snap.execution_count);
     assert!(snap.batches.keys().all(|&b| b <= 8));
 }
 
@@ -131,31 +102,20 @@ async fn without_dynamic_batching_requests_run_alone() {
 
 #[tokio::test]
 async fn stop_drains_the_queue_then_refuses() {
-    let policy = BatchPolicy {
-        max_batch_size: 8,
-        dynamic: true,
-        preferred: vec![],
-        max_delay: Duration::from_secs(60),
-    };
+    let policy =
+        BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: Duration::from_secs(60) };
     let (s, _) = scheduler(policy, 1, Duration::ZERO);
     let reply = s.submit(request(1)).ok().unwrap();
     s.stop();
-    assert_eq!(
-        values(&reply.await.unwrap().unwrap().outputs[0]),
-        vec![2, 4]
-    );
+    assert_eq!(values(&reply.await.unwrap().unwrap().outputs[0]), vec![2, 4]);
     assert!(s.submit(request(2)).is_err());
     s.join();
 }
 
 #[tokio::test]
 async fn abandoned_requests_cost_no_compute() {
-    let policy = BatchPolicy {
-        max_batch_size: 8,
-        dynamic: true,
-        preferred: vec![],
-        max_delay: Duration::from_millis(30),
-    };
+    let policy =
+        BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: Duration::from_millis(30) };
     let (s, stats) = scheduler(policy, 1, Duration::ZERO);
     drop(s.submit(request(1)).ok().unwrap());
     let kept = s.submit(request(2)).ok().unwrap();

@@ -23,32 +23,17 @@ fn spec(name: &str, datatype: DataType, dims: &[i64]) -> TensorSpec {
 fn simple(max_batch_size: usize) -> Schema {
     Schema {
         max_batch_size,
-        inputs: vec![
-            spec("INPUT0", DataType::Int32, &[16]),
-            spec("INPUT1", DataType::Int32, &[16]),
-        ],
-        outputs: vec![
-            spec("OUTPUT0", DataType::Int32, &[16]),
-            spec("OUTPUT1", DataType::Int32, &[16]),
-        ],
+        inputs: vec![spec("INPUT0", DataType::Int32, &[16]), spec("INPUT1", DataType::Int32, &[16])],
+        outputs: vec![spec("OUTPUT0", DataType::Int32, &[16]), spec("OUTPUT1", DataType::Int32, &[16])],
     }
 }
 
 fn input(name: &str, datatype: DataType, shape: &[i64], bytes: usize) -> InputTensor {
-    InputTensor {
-        name: name.into(),
-        datatype,
-        shape: shape.to_vec(),
-        data: Bytes::from(vec![0u8; bytes]),
-    }
+    InputTensor { name: name.into(), datatype, shape: shape.to_vec(), data: Bytes::from(vec![0u8; bytes]) }
 }
 
 fn request(inputs: Vec<InputTensor>) -> InferRequest {
-    InferRequest {
-        model_name: "simple".into(),
-        inputs,
-        ..Default::default()
-    }
+    InferRequest { model_name: "simple".into(), inputs, ..Default::default() }
 }
 
 fn err(schema: &Schema, req: InferRequest) -> String {
@@ -63,10 +48,7 @@ fn accepts_a_good_batch() {
     let v = validate(
         "simple",
         &schema,
-        request(vec![
-            input("INPUT1", DataType::Int32, &[3, 16], 192),
-            input("INPUT0", DataType::Int32, &[3, 16], 192),
-        ]),
+        request(vec![input("INPUT1", DataType::Int32, &[3, 16], 192), input("INPUT0", DataType::Int32, &[3, 16], 192)]),
     )
     .unwrap();
     assert_eq!(v.rows, 3);
@@ -78,19 +60,10 @@ fn accepts_a_good_batch() {
 #[test]
 fn names_unknown_and_missing_inputs() {
     let schema = simple(8);
-    let m = err(
-        &schema,
-        request(vec![input("INPUT9", DataType::Int32, &[1, 16], 64)]),
-    );
+    let m = err(&schema, request(vec![input("INPUT9", DataType::Int32, &[1, 16], 64)]));
     assert_eq!(m, "unexpected inference input 'INPUT9' for model 'simple'");
-    let m = err(
-        &schema,
-        request(vec![input("INPUT0", DataType::Int32, &[1, 16], 64)]),
-    );
-    assert!(
-        m.starts_with("expected 2 inputs but got 1 inputs for model 'simple'"),
-        "{m}"
-    );
+    let m = err(&schema, request(vec![input("INPUT0", DataType::Int32, &[1, 16], 64)]));
+    assert!(m.starts_with("expected 2 inputs but got 1 inputs for model 'simple'"), "{m}");
     assert!(m.contains("missing required input(s) ['INPUT1']"), "{m}");
 }
 
@@ -99,39 +72,22 @@ fn names_datatype_and_shape_mismatches() {
     let schema = simple(8);
     let m = err(
         &schema,
-        request(vec![
-            input("INPUT0", DataType::Fp32, &[1, 16], 64),
-            input("INPUT1", DataType::Int32, &[1, 16], 64),
-        ]),
+        request(vec![input("INPUT0", DataType::Fp32, &[1, 16], 64), input("INPUT1", DataType::Int32, &[1, 16], 64)]),
     );
-    assert_eq!(
-        m,
-        "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'"
-    );
+    assert_eq!(m, "inference input 'INPUT0' data-type is 'FP32', but model 'simple' expects 'INT32'");
     let m = err(
         &schema,
-        request(vec![
-            input("INPUT0", DataType::Int32, &[1, 15], 60),
-            input("INPUT1", DataType::Int32, &[1, 16], 64),
-        ]),
+        request(vec![input("INPUT0", DataType::Int32, &[1, 15], 60), input("INPUT1", DataType::Int32, &[1, 16], 64)]),
     );
     assert!(
-        m.starts_with(
-            "unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [1,15]."
-        ),
+        m.starts_with("unexpected shape for input 'INPUT0' for model 'simple'. Expected [-1,16], got [1,15]."),
         "{m}"
     );
     let m = err(
         &schema,
-        request(vec![
-            input("INPUT0", DataType::Int32, &[1, 16], 60),
-            input("INPUT1", DataType::Int32, &[1, 16], 64),
-        ]),
+        request(vec![input("INPUT0", DataType::Int32, &[1, 16], 60), input("INPUT1", DataType::Int32, &[1, 16], 64)]),
     );
-    assert_eq!(
-        m,
-        "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 60"
-    );
+    assert_eq!(m, "input byte size mismatch for input 'INPUT0' for model 'simple'. Expected 64, got 60");
 }
 
 #[test]
@@ -139,34 +95,19 @@ fn batch_rules() {
     let schema = simple(8);
     let m = err(
         &schema,
-        request(vec![
-            input("INPUT0", DataType::Int32, &[9, 16], 576),
-            input("INPUT1", DataType::Int32, &[9, 16], 576),
-        ]),
+        request(vec![input("INPUT0", DataType::Int32, &[9, 16], 576), input("INPUT1", DataType::Int32, &[9, 16], 576)]),
     );
-    assert!(
-        m.starts_with("inference request batch-size must be <= 8 for 'simple'"),
-        "{m}"
-    );
+    assert!(m.starts_with("inference request batch-size must be <= 8 for 'simple'"), "{m}");
     let m = err(
         &schema,
-        request(vec![
-            input("INPUT0", DataType::Int32, &[2, 16], 128),
-            input("INPUT1", DataType::Int32, &[1, 16], 64),
-        ]),
+        request(vec![input("INPUT0", DataType::Int32, &[2, 16], 128), input("INPUT1", DataType::Int32, &[1, 16], 64)]),
     );
     assert!(m.contains("batch size 1 does not match"), "{m}");
     let m = err(
         &schema,
-        request(vec![
-            input("INPUT0", DataType::Int32, &[], 4),
-            input("INPUT1", DataType::Int32, &[1, 16], 64),
-        ]),
+        request(vec![input("INPUT0", DataType::Int32, &[], 4), input("INPUT1", DataType::Int32, &[1, 16], 64)]),
     );
-    assert!(
-        m.contains("has no shape but model requires batch dimension"),
-        "{m}"
-    );
+    assert!(m.contains("has no shape but model requires batch dimension"), "{m}");
 }
 
 #[test]
@@ -175,10 +116,7 @@ fn unbatched_model_takes_shape_as_is() {
     let v = validate(
         "simple",
         &schema,
-        request(vec![
-            input("INPUT0", DataType::Int32, &[16], 64),
-            input("INPUT1", DataType::Int32, &[16], 64),
-        ]),
+        request(vec![input("INPUT0", DataType::Int32, &[16], 64), input("INPUT1", DataType::Int32, &[16], 64)]),
     )
     .unwrap();
     assert_eq!(v.rows, 1);
@@ -187,61 +125,30 @@ fn unbatched_model_takes_shape_as_is() {
 
 #[test]
 fn bytes_inputs_count_elements() {
-    let schema = Schema {
-        max_batch_size: 0,
-        inputs: vec![spec("s", DataType::Bytes, &[2])],
-        outputs: vec![],
-    };
+    let schema = Schema { max_batch_size: 0, inputs: vec![spec("s", DataType::Bytes, &[2])], outputs: vec![] };
     let mut data = Vec::new();
     crate::tensor::push_bytes_element(&mut data, b"hello");
-    let one = InputTensor {
-        name: "s".into(),
-        datatype: DataType::Bytes,
-        shape: vec![2],
-        data: Bytes::from(data.clone()),
-    };
+    let one =
+        InputTensor { name: "s".into(), datatype: DataType::Bytes, shape: vec![2], data: Bytes::from(data.clone()) };
     let m = err(&schema, request(vec![one]));
-    assert!(
-        m.contains("holds 1 BYTES elements but its shape [2] needs 2"),
-        "{m}"
-    );
+    assert!(m.contains("holds 1 BYTES elements but its shape [2] needs 2"), "{m}");
     crate::tensor::push_bytes_element(&mut data, b"");
-    let two = InputTensor {
-        name: "s".into(),
-        datatype: DataType::Bytes,
-        shape: vec![2],
-        data: Bytes::from(data),
-    };
+    let two = InputTensor { name: "s".into(), datatype: DataType::Bytes, shape: vec![2], data: Bytes::from(data) };
     assert!(validate("simple", &schema, request(vec![two])).is_ok());
 }
 
 #[test]
 fn outputs_and_parameters() {
     let schema = simple(8);
-    let mut req = request(vec![
-        input("INPUT0", DataType::Int32, &[1, 16], 64),
-        input("INPUT1", DataType::Int32, &[1, 16], 64),
-    ]);
-    req.outputs = vec![RequestedOutput {
-        name: "OUTPUT1".into(),
-        classification: None,
-    }];
+    let mut req =
+        request(vec![input("INPUT0", DataType::Int32, &[1, 16], 64), input("INPUT1", DataType::Int32, &[1, 16], 64)]);
+    req.outputs = vec![RequestedOutput { name: "OUTPUT1".into(), ..Default::default() }];
     let v = validate("simple", &schema, req.clone()).unwrap();
-    assert_eq!(
-        v.outputs,
-        vec![OutputRequest {
-            index: 1,
-            classification: None
-        }]
-    );
+    assert_eq!(v.outputs, vec![OutputRequest { index: 1, classification: None }]);
     req.outputs[0].name = "NOPE".into();
-    assert_eq!(
-        err(&schema, req.clone()),
-        "unexpected inference output 'NOPE' for model 'simple'"
-    );
+    assert_eq!(err(&schema, req.clone()), "unexpected inference output 'NOPE' for model 'simple'");
     req.outputs.clear();
-    req.parameters
-        .insert("triton_x".into(), crate::request::ParamValue::Bool(true));
+    req.parameters.insert("triton_x".into(), crate::request::ParamValue::Bool(true));
     assert!(err(&schema, req).contains("reserved"));
 }
 

@@ -16,13 +16,7 @@ pub fn decode(raw: &str, datatype: DataType, out: &mut Vec<u8>) -> Result<usize,
     }
     let mut count = 0;
     let mut de = serde_json::Deserializer::from_str(raw);
-    Element {
-        datatype,
-        out,
-        count: &mut count,
-    }
-    .deserialize(&mut de)
-    .map_err(|e| e.to_string())?;
+    Element { datatype, out, count: &mut count }.deserialize(&mut de).map_err(|e| e.to_string())?;
     Ok(count)
 }
 
@@ -63,11 +57,7 @@ impl<'de> Visitor<'de> for Element<'_> {
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
         while seq
-            .next_element_seed(Element {
-                datatype: self.datatype,
-                out: &mut *self.out,
-                count: &mut *self.count,
-            })?
+            .next_element_seed(Element { datatype: self.datatype, out: &mut *self.out, count: &mut *self.count })?
             .is_some()
         {}
         Ok(())
@@ -75,10 +65,7 @@ impl<'de> Visitor<'de> for Element<'_> {
 
     fn visit_bool<E: de::Error>(self, v: bool) -> Result<(), E> {
         if self.datatype != DataType::Bool {
-            return Err(E::custom(format!(
-                "expected {} elements, found the boolean {v}",
-                self.datatype.wire()
-            )));
+            return Err(E::custom(format!("expected {} elements, found the boolean {v}", self.datatype.wire())));
         }
         self.out.push(u8::from(v));
         *self.count += 1;
@@ -102,10 +89,7 @@ impl<'de> Visitor<'de> for Element<'_> {
             DataType::Fp32 => self.out.extend_from_slice(&(v as f32).to_le_bytes()),
             DataType::Fp64 => self.out.extend_from_slice(&v.to_le_bytes()),
             other => {
-                return Err(E::custom(format!(
-                    "expected {} elements, found the number {v}",
-                    other.wire()
-                )));
+                return Err(E::custom(format!("expected {} elements, found the number {v}", other.wire())));
             }
         }
         *self.count += 1;
@@ -114,10 +98,7 @@ impl<'de> Visitor<'de> for Element<'_> {
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<(), E> {
         if self.datatype != DataType::Bytes {
-            return Err(E::custom(format!(
-                "expected {} elements, found the string {v:?}",
-                self.datatype.wire()
-            )));
+            return Err(E::custom(format!("expected {} elements, found the string {v:?}", self.datatype.wire())));
         }
         push_bytes_element(self.out, v.as_bytes());
         *self.count += 1;
@@ -131,18 +112,13 @@ mod tests {
     use crate::tensor::bytes_elements;
 
     fn f32s(b: &[u8]) -> Vec<f32> {
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
+        b.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
     }
 
     #[test]
     fn flattens_nested_arrays() {
         let mut out = Vec::new();
-        assert_eq!(
-            decode("[[1, 2.5], [3, -4]]", DataType::Fp32, &mut out).unwrap(),
-            4
-        );
+        assert_eq!(decode("[[1, 2.5], [3, -4]]", DataType::Fp32, &mut out).unwrap(), 4);
         assert_eq!(f32s(&out), vec![1.0, 2.5, 3.0, -4.0]);
     }
 
@@ -154,10 +130,7 @@ mod tests {
         let err = decode("[256]", DataType::Uint8, &mut Vec::new()).unwrap_err();
         assert!(err.contains("256 does not fit UINT8"), "{err}");
         let err = decode("[1.5]", DataType::Int32, &mut Vec::new()).unwrap_err();
-        assert!(
-            err.contains("expected INT32 elements, found the number 1.5"),
-            "{err}"
-        );
+        assert!(err.contains("expected INT32 elements, found the number 1.5"), "{err}");
         let mut out = Vec::new();
         decode("[-2]", DataType::Int64, &mut out).unwrap();
         assert_eq!(out, (-2i64).to_le_bytes());
@@ -170,17 +143,10 @@ mod tests {
         assert_eq!(out, vec![1, 0]);
         assert!(decode("[1]", DataType::Bool, &mut Vec::new()).is_err());
         let mut out = Vec::new();
-        assert_eq!(
-            decode(r#"["héllo", ""]"#, DataType::Bytes, &mut out).unwrap(),
-            2
-        );
+        assert_eq!(decode(r#"["héllo", ""]"#, DataType::Bytes, &mut out).unwrap(), 2);
         let elems: Vec<&[u8]> = bytes_elements(&out).map(|e| e.unwrap()).collect();
         assert_eq!(elems, vec!["héllo".as_bytes(), b""]);
-        assert!(
-            decode("[1]", DataType::Fp16, &mut Vec::new())
-                .unwrap_err()
-                .contains("FP16")
-        );
+        assert!(decode("[1]", DataType::Fp16, &mut Vec::new()).unwrap_err().contains("FP16"));
         assert!(decode(r#"["x"]"#, DataType::Fp32, &mut Vec::new()).is_err());
     }
 }

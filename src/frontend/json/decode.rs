@@ -8,7 +8,8 @@ use super::data;
 use crate::{
     engine::TensorMetadata,
     error::{Error, Result},
-    request::{InferRequest, InputTensor, ParamValue, Parameters, RequestedOutput},
+    request::{InferRequest, InputTensor, ParamValue, Parameters, RequestedOutput, ShmRef},
+    shm::SharedMemory,
     tensor::{DataType, element_count},
 };
 
@@ -42,21 +43,35 @@ struct OutputHeader {
     parameters: Option<Map<String, Value>>,
 }
 
+/// An output listed in the request, and how its reply carries it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Listed {
+    pub name: String,
+    /// `binary_data`: after the JSON header instead of in it.
+    pub binary: bool,
+    /// Written into shared memory: the reply carries neither data nor parameters.
+    pub in_shm: bool,
+}
+
 /// How the reply should carry each output (binary data extension).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct OutputFormat {
-    /// Outputs listed in the request, with their own `binary_data` flag.
-    pub listed: Vec<(String, bool)>,
+    pub listed: Vec<Listed>,
     /// For unlisted outputs: the request's `binary_data_output`.
     pub default_binary: bool,
 }
 
 impl OutputFormat {
+    fn find(&self, name: &str) -> Option<&Listed> {
+        self.listed.iter().find(|l| l.name == name)
+    }
+
     pub fn binary(&self, name: &str) -> bool {
-        self.listed
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or(self.default_binary, |(_, b)| *b)
+        self.find(name).map_or(self.default_binary, |l| l.binary)
+    }
+
+    pub fn in_shm(&self, name: &str) -> bool {
+        self.find(name).is_some_and(|l| l.in_shm)
     }
 }
 
@@ -66,6 +81,7 @@ pub fn decode(
     version: Option<u64>,
     body: Bytes,
     header_len: Option<usize>,
+    shm: &SharedMemory,
 ) -> Result<(InferRequest, OutputFormat)> {
     let json_len = header_len.unwrap_or(body.len());
     if json_len > body.len() {
@@ -82,16 +98,10 @@ pub fn decode(
         None => false,
         Some(ParamValue::Bool(b)) => b,
         Some(other) => {
-            return Err(Error::invalid(format!(
-                "parameter 'binary_data_output' must be a boolean, got {other:?}"
-            )));
+            return Err(Error::invalid(format!("parameter 'binary_data_output' must be a boolean, got {other:?}")));
         }
     };
-    let inputs = header
-        .inputs
-        .into_iter()
-        .map(|i| input(model, i, &mut binary))
-        .collect::<Result<Vec<_>>>()?;
+    let inputs = header.inputs.into_iter().map(|i| input(model, i, &mut binary, shm)).collect::<Result<Vec<_>>>()?;
     if !binary.is_empty() {
         return Err(Error::invalid(format!(
             "unexpected additional input data for model '{model}': {} bytes follow the last binary input",
@@ -107,21 +117,12 @@ pub fn decode(
         inputs,
         outputs,
     };
-    Ok((
-        request,
-        OutputFormat {
-            listed,
-            default_binary,
-        },
-    ))
+    Ok((request, OutputFormat { listed, default_binary }))
 }
 
-fn input(model: &str, i: InputHeader<'_>, binary: &mut Bytes) -> Result<InputTensor> {
+fn input(model: &str, i: InputHeader<'_>, binary: &mut Bytes, shm: &SharedMemory) -> Result<InputTensor> {
     let datatype = DataType::from_wire(&i.datatype).ok_or_else(|| {
-        Error::invalid(format!(
-            "input '{}' has an invalid datatype '{}' for model '{model}'",
-            i.name, i.datatype
-        ))
+        Error::invalid(format!("input '{}' has an invalid datatype '{}' for model '{model}'", i.name, i.datatype))
     })?;
     let params = i.parameters.unwrap_or_default();
     let binary_size = match params.get("binary_data_size") {
@@ -133,35 +134,26 @@ fn input(model: &str, i: InputHeader<'_>, binary: &mut Bytes) -> Result<InputTen
             ))
         })? as usize),
     };
-    let shm = params.contains_key("shared_memory_region");
+    let shm_ref = shm_ref(&params, "input", &i.name)?;
     let set: Vec<&str> = [
         (i.data.is_some(), "'data'"),
         (binary_size.is_some(), "'binary_data_size'"),
-        (shm, "'shared_memory_region'"),
+        (shm_ref.is_some(), "'shared_memory_region'"),
     ]
     .iter()
     .filter(|(on, _)| *on)
     .map(|(_, n)| *n)
     .collect();
     if set.len() != 1 {
-        let got = if set.is_empty() {
-            "no field is set".to_string()
-        } else {
-            format!("set {}", set.join(" "))
-        };
+        let got = if set.is_empty() { "no field is set".to_string() } else { format!("set {}", set.join(" ")) };
         return Err(Error::invalid(format!(
             "Input '{}' must set only one of the following fields: 'data', 'binary_data_size' in 'parameters', \
              'shared_memory_region' in 'parameters'. But {got}",
             i.name
         )));
     }
-    if shm {
-        return Err(Error::unsupported(format!(
-            "input '{}': shared memory inputs are not supported by this server yet",
-            i.name
-        )));
-    }
     let data = match (binary_size, i.data) {
+        _ if let Some(r) = shm_ref => shm.read(&r.region, r.offset, r.byte_size)?,
         (Some(n), _) => {
             if n > binary.len() {
                 return Err(Error::invalid(format!(
@@ -175,29 +167,14 @@ fn input(model: &str, i: InputHeader<'_>, binary: &mut Bytes) -> Result<InputTen
         (None, Some(raw)) => json_data(model, &i.name, &i.shape, datatype, raw.get())?,
         (None, None) => unreachable!("exactly one data source was checked above"),
     };
-    Ok(InputTensor {
-        name: i.name,
-        datatype,
-        shape: i.shape,
-        data,
-    })
+    Ok(InputTensor { name: i.name, datatype, shape: i.shape, data })
 }
 
-fn json_data(
-    model: &str,
-    name: &str,
-    shape: &[i64],
-    datatype: DataType,
-    raw: &str,
-) -> Result<Bytes> {
+fn json_data(model: &str, name: &str, shape: &[i64], datatype: DataType, raw: &str) -> Result<Bytes> {
     let expected = element_count(shape);
-    let mut out =
-        Vec::with_capacity(expected.unwrap_or(0).min(1 << 20) * datatype.size().unwrap_or(8));
-    let count = data::decode(raw, datatype, &mut out).map_err(|e| {
-        Error::invalid(format!(
-            "unable to parse 'data' of input '{name}' for model '{model}': {e}"
-        ))
-    })?;
+    let mut out = Vec::with_capacity(expected.unwrap_or(0).min(1 << 20) * datatype.size().unwrap_or(8));
+    let count = data::decode(raw, datatype, &mut out)
+        .map_err(|e| Error::invalid(format!("unable to parse 'data' of input '{name}' for model '{model}': {e}")))?;
     if let Some(expected) = expected
         && expected != count
     {
@@ -208,8 +185,34 @@ fn json_data(
     Ok(Bytes::from(out))
 }
 
-/// The requested outputs, and each one's binary flag.
-type Outputs = (Vec<RequestedOutput>, Vec<(String, bool)>);
+/// The requested outputs, and how the reply carries each.
+type Outputs = (Vec<RequestedOutput>, Vec<Listed>);
+
+/// `shared_memory_region` / `_byte_size` / `_offset` parameters of an input or output.
+fn shm_ref(p: &Map<String, Value>, what: &str, name: &str) -> Result<Option<ShmRef>> {
+    let uint = |key: &str| -> Result<Option<u64>> {
+        match p.get(key) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                Error::invalid(format!("{what} '{name}': parameter '{key}' must be an unsigned integer, got {v}"))
+            }),
+        }
+    };
+    let (size, offset) = (uint("shared_memory_byte_size")?, uint("shared_memory_offset")?);
+    match p.get("shared_memory_region") {
+        None if size.is_some() || offset.is_some() => Err(Error::invalid(format!(
+            "{what} '{name}': 'shared_memory_byte_size' and 'shared_memory_offset' need 'shared_memory_region'"
+        ))),
+        None => Ok(None),
+        Some(Value::String(region)) => {
+            let byte_size = size.ok_or_else(|| {
+                Error::invalid(format!("{what} '{name}': 'shared_memory_region' needs 'shared_memory_byte_size'"))
+            })?;
+            Ok(Some(ShmRef { region: region.clone(), offset: offset.unwrap_or(0), byte_size }))
+        }
+        Some(v) => Err(Error::invalid(format!("{what} '{name}': 'shared_memory_region' must be a string, got {v}"))),
+    }
+}
 
 fn outputs(list: Vec<OutputHeader>) -> Result<Outputs> {
     let mut requested = Vec::with_capacity(list.len());
@@ -220,35 +223,30 @@ fn outputs(list: Vec<OutputHeader>) -> Result<Outputs> {
             None => false,
             Some(Value::Bool(b)) => *b,
             Some(v) => {
-                return Err(Error::invalid(format!(
-                    "output '{}': 'binary_data' must be a boolean, got {v}",
-                    o.name
-                )));
+                return Err(Error::invalid(format!("output '{}': 'binary_data' must be a boolean, got {v}", o.name)));
             }
         };
-        let classification =
-            match p.get("classification") {
-                None => None,
-                Some(v) => Some(v.as_u64().and_then(|k| u32::try_from(k).ok()).ok_or_else(
-                    || {
-                        Error::invalid(format!(
-                            "output '{}': 'classification' must be an unsigned integer, got {v}",
-                            o.name
-                        ))
-                    },
-                )?),
-            };
-        if p.contains_key("shared_memory_region") {
-            return Err(Error::unsupported(format!(
-                "output '{}': shared memory outputs are not supported by this server yet",
+        let classification = match p.get("classification") {
+            None => None,
+            Some(v) => Some(v.as_u64().and_then(|k| u32::try_from(k).ok()).ok_or_else(|| {
+                Error::invalid(format!("output '{}': 'classification' must be an unsigned integer, got {v}", o.name))
+            })?),
+        };
+        let shm = shm_ref(&p, "output", &o.name)?;
+        if shm.is_some() && classification.is_some() {
+            return Err(Error::invalid(format!(
+                "output '{}': Output can't set both 'shared_memory_region' and 'classification'",
                 o.name
             )));
         }
-        listed.push((o.name.clone(), binary));
-        requested.push(RequestedOutput {
-            name: o.name,
-            classification,
-        });
+        if shm.is_some() && binary {
+            return Err(Error::invalid(format!(
+                "output '{}': Output can't set both 'shared_memory_region' and 'binary_data'",
+                o.name
+            )));
+        }
+        listed.push(Listed { name: o.name.clone(), binary, in_shm: shm.is_some() });
+        requested.push(RequestedOutput { name: o.name, classification, shm });
     }
     Ok((requested, listed))
 }
@@ -265,9 +263,7 @@ pub fn parameters(map: Option<Map<String, Value>>, what: &str) -> Result<Paramet
                 (None, Some(u), _) => ParamValue::Uint(u),
                 (_, _, Some(f)) => ParamValue::Double(f),
                 _ => {
-                    return Err(Error::invalid(format!(
-                        "{what} parameter '{k}' is not a usable number"
-                    )));
+                    return Err(Error::invalid(format!("{what} parameter '{k}' is not a usable number")));
                 }
             },
             other => {
@@ -314,12 +310,7 @@ pub fn decode_raw(
     } else {
         let size = input.datatype.size().unwrap_or(1);
         let variable = shape.iter().filter(|&&d| d < 0).count();
-        let known: usize = shape
-            .iter()
-            .filter(|&&d| d >= 0)
-            .map(|&d| d as usize)
-            .product::<usize>()
-            * size;
+        let known: usize = shape.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product::<usize>() * size;
         if variable > 1 {
             return Err(Error::invalid(format!(
                 "a raw binary request cannot size input '{}' with shape {:?}: more than one variable dimension",
@@ -343,19 +334,8 @@ pub fn decode_raw(
     let request = InferRequest {
         model_name: model.to_string(),
         model_version: version,
-        inputs: vec![InputTensor {
-            name: input.name.clone(),
-            datatype: input.datatype,
-            shape,
-            data,
-        }],
+        inputs: vec![InputTensor { name: input.name.clone(), datatype: input.datatype, shape, data }],
         ..Default::default()
     };
-    Ok((
-        request,
-        OutputFormat {
-            listed: Vec::new(),
-            default_binary: true,
-        },
-    ))
+    Ok((request, OutputFormat { listed: Vec::new(), default_binary: true }))
 }

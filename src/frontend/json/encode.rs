@@ -14,18 +14,8 @@ pub struct Encoded {
 }
 
 pub fn encode(resp: &InferResponse, format: &OutputFormat) -> Result<Encoded> {
-    let binary: Vec<bool> = resp
-        .outputs
-        .iter()
-        .map(|o| format.binary(&o.name))
-        .collect();
-    let tail: usize = resp
-        .outputs
-        .iter()
-        .zip(&binary)
-        .filter(|(_, b)| **b)
-        .map(|(o, _)| o.data.len())
-        .sum();
+    let binary: Vec<bool> = resp.outputs.iter().map(|o| format.binary(&o.name) && !format.in_shm(&o.name)).collect();
+    let tail: usize = resp.outputs.iter().zip(&binary).filter(|(_, b)| **b).map(|(o, _)| o.data.len()).sum();
     let mut out = Vec::with_capacity(256 + tail);
     out.push(b'{');
     if !resp.id.is_empty() {
@@ -55,20 +45,17 @@ pub fn encode(resp: &InferResponse, format: &OutputFormat) -> Result<Encoded> {
         if i > 0 {
             out.push(b',');
         }
-        output(&mut out, o, bin)?;
+        output(&mut out, o, bin, format.in_shm(&o.name))?;
     }
     out.extend_from_slice(b"]}");
     let header_len = out.len();
     for (o, _) in resp.outputs.iter().zip(&binary).filter(|(_, b)| **b) {
         out.extend_from_slice(&o.data);
     }
-    Ok(Encoded {
-        body: out,
-        header_len: (tail > 0).then_some(header_len),
-    })
+    Ok(Encoded { body: out, header_len: (tail > 0).then_some(header_len) })
 }
 
-fn output(out: &mut Vec<u8>, t: &Tensor, binary: bool) -> Result<()> {
+fn output(out: &mut Vec<u8>, t: &Tensor, binary: bool, in_shm: bool) -> Result<()> {
     out.extend_from_slice(b"{\"name\":");
     string(out, &t.name);
     out.extend_from_slice(b",\"datatype\":\"");
@@ -81,7 +68,9 @@ fn output(out: &mut Vec<u8>, t: &Tensor, binary: bool) -> Result<()> {
         out.extend_from_slice(itoa::Buffer::new().format(*d).as_bytes());
     }
     out.push(b']');
-    if binary {
+    if in_shm {
+        out.push(b'}');
+    } else if binary {
         out.extend_from_slice(b",\"parameters\":{\"binary_data_size\":");
         out.extend_from_slice(itoa::Buffer::new().format(t.data.len()).as_bytes());
         out.extend_from_slice(b"}}");
@@ -102,9 +91,7 @@ fn data(out: &mut Vec<u8>, t: &Tensor) -> Result<()> {
                     out.push(b',');
                 }
                 out.extend_from_slice(
-                    itoa::Buffer::new()
-                        .format(<$ty>::from_le_bytes(c.try_into().expect("chunk")))
-                        .as_bytes(),
+                    itoa::Buffer::new().format(<$ty>::from_le_bytes(c.try_into().expect("chunk"))).as_bytes(),
                 );
             }
         };

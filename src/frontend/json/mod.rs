@@ -4,7 +4,7 @@ mod data;
 mod decode;
 mod encode;
 
-pub use decode::{OutputFormat, decode, decode_raw, parameters};
+pub use decode::{Listed, OutputFormat, decode, decode_raw, parameters};
 pub use encode::{Encoded, encode};
 
 #[cfg(test)]

@@ -23,9 +23,7 @@ fn check_reshape(
 ) -> Result<(), String> {
     let Some(r) = reshape else { return Ok(()) };
     if r.shape.is_empty() && !batching {
-        return Err(format!(
-            "{what} '{name}': an empty reshape is only allowed for models with max_batch_size > 0"
-        ));
+        return Err(format!("{what} '{name}': an empty reshape is only allowed for models with max_batch_size > 0"));
     }
     check_dims(what, name, &r.shape, true)?;
     let count = |s: &[i64]| s.iter().filter(|&&d| d != -1).product::<i64>();
@@ -41,18 +39,13 @@ fn check_reshape(
 }
 
 fn check_datatype(what: &str, name: &str, n: i32) -> Result<(), String> {
-    DataType::from_config(n)
-        .map(|_| ())
-        .ok_or_else(|| format!("{what} '{name}' must specify a valid 'data_type'"))
+    DataType::from_config(n).map(|_| ()).ok_or_else(|| format!("{what} '{name}' must specify a valid 'data_type'"))
 }
 
 /// The rules of model-config.md §5.4 that apply to models ferry can run.
 pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
     if cfg.max_batch_size < 0 {
-        return Err(format!(
-            "max_batch_size must be >= 0, got {}",
-            cfg.max_batch_size
-        ));
+        return Err(format!("max_batch_size must be >= 0, got {}", cfg.max_batch_size));
     }
     let batching = cfg.max_batch_size > 0;
     if cfg.input.is_empty() || cfg.output.is_empty() {
@@ -83,9 +76,7 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
         return Err(format!("input '{}' is listed more than once", w[0]));
     }
     match &cfg.scheduling_choice {
-        Some(SchedulingChoice::DynamicBatching(db)) => {
-            validate_dynamic_batching(db, cfg.max_batch_size)?
-        }
+        Some(SchedulingChoice::DynamicBatching(db)) => validate_dynamic_batching(db, cfg.max_batch_size)?,
         Some(SchedulingChoice::SequenceBatching(_)) => {
             return Err("sequence_batching is not supported by ferry yet".into());
         }
@@ -94,11 +85,7 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
         }
         None => {}
     }
-    if cfg
-        .model_transaction_policy
-        .as_ref()
-        .is_some_and(|p| p.decoupled)
-    {
+    if cfg.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
         return Err("model_transaction_policy.decoupled is not supported for ONNX models".into());
     }
     for w in &cfg.model_warmup {
@@ -116,9 +103,7 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
 
 fn validate_dynamic_batching(db: &ModelDynamicBatching, max: i32) -> Result<(), String> {
     if let Some(p) = db.preferred_batch_size.iter().find(|&&p| p < 1 || p > max) {
-        return Err(format!(
-            "dynamic_batching.preferred_batch_size {p} must be between 1 and max_batch_size {max}"
-        ));
+        return Err(format!("dynamic_batching.preferred_batch_size {p} must be between 1 and max_batch_size {max}"));
     }
     let levels = db.priority_levels;
     if levels > 0 {
@@ -128,11 +113,7 @@ fn validate_dynamic_batching(db: &ModelDynamicBatching, max: i32) -> Result<(), 
                 db.default_priority_level
             ));
         }
-        if let Some(k) = db
-            .priority_queue_policy
-            .keys()
-            .find(|&&k| k < 1 || k > levels)
-        {
+        if let Some(k) = db.priority_queue_policy.keys().find(|&&k| k < 1 || k > levels) {
             return Err(format!(
                 "dynamic_batching.priority_queue_policy key {k} must be between 1 and priority_levels {levels}"
             ));
@@ -153,22 +134,9 @@ pub fn check_against_model(cfg: &ModelConfig, io: &ModelIo) -> Result<(), String
     let batching = cfg.max_batch_size > 0;
     for i in &cfg.input {
         let m = find(&io.inputs, &i.name, "input", cfg)?;
-        compare(
-            &cfg.name,
-            "input",
-            &i.name,
-            i.data_type,
-            &i.dims,
-            i.reshape.as_ref(),
-            m,
-            batching,
-        )?;
+        compare(&cfg.name, "input", &i.name, i.data_type, &i.dims, i.reshape.as_ref(), m, batching)?;
     }
-    if let Some(missing) = io
-        .inputs
-        .iter()
-        .find(|m| !cfg.input.iter().any(|i| i.name == m.name))
-    {
+    if let Some(missing) = io.inputs.iter().find(|m| !cfg.input.iter().any(|i| i.name == m.name)) {
         return Err(format!(
             "model '{}': the model requires input '{}', which the configuration does not list",
             cfg.name, missing.name
@@ -176,26 +144,12 @@ pub fn check_against_model(cfg: &ModelConfig, io: &ModelIo) -> Result<(), String
     }
     for o in &cfg.output {
         let m = find(&io.outputs, &o.name, "output", cfg)?;
-        compare(
-            &cfg.name,
-            "output",
-            &o.name,
-            o.data_type,
-            &o.dims,
-            o.reshape.as_ref(),
-            m,
-            batching,
-        )?;
+        compare(&cfg.name, "output", &o.name, o.data_type, &o.dims, o.reshape.as_ref(), m, batching)?;
     }
     Ok(())
 }
 
-fn find<'a>(
-    list: &'a [TensorInfo],
-    name: &str,
-    what: &str,
-    cfg: &ModelConfig,
-) -> Result<&'a TensorInfo, String> {
+fn find<'a>(list: &'a [TensorInfo], name: &str, what: &str, cfg: &ModelConfig) -> Result<&'a TensorInfo, String> {
     list.iter().find(|t| t.name == name).ok_or_else(|| {
         let have: Vec<&str> = list.iter().map(|t| t.name.as_str()).collect();
         format!(
@@ -219,9 +173,7 @@ fn compare(
 ) -> Result<(), String> {
     let config_dt = DataType::from_config(data_type);
     if m.datatype != config_dt {
-        let model_dt = m
-            .datatype
-            .map_or("an unsupported type", |d| d.config_name());
+        let model_dt = m.datatype.map_or("an unsupported type", |d| d.config_name());
         return Err(format!(
             "model '{model}', {what} '{name}': the configuration says {} but the model has {model_dt}",
             config_dt.map_or("TYPE_INVALID", |d| d.config_name())
@@ -237,21 +189,14 @@ fn compare(
     let seen = reshape.map_or(dims, |r| &r.shape[..]);
     let mut expected: Vec<i64> = if batching { vec![-1] } else { Vec::new() };
     expected.extend_from_slice(seen);
-    let fits = expected.len() == m.shape.len()
-        && expected
-            .iter()
-            .zip(&m.shape)
-            .all(|(&c, &d)| c == -1 || d == -1 || c == d);
+    let fits =
+        expected.len() == m.shape.len() && expected.iter().zip(&m.shape).all(|(&c, &d)| c == -1 || d == -1 || c == d);
     if !fits {
         return Err(format!(
             "model '{model}', {what} '{name}': the model's shape is {} but the configuration gives {}{}",
             shape_string(&m.shape),
             shape_string(&expected),
-            if batching {
-                " (the leading -1 is the batch dimension from max_batch_size > 0)"
-            } else {
-                ""
-            }
+            if batching { " (the leading -1 is the batch dimension from max_batch_size > 0)" } else { "" }
         ));
     }
     Ok(())

@@ -2,19 +2,12 @@ use super::*;
 use crate::backend::TensorInfo;
 
 fn info(name: &str, dt: DataType, shape: &[i64]) -> TensorInfo {
-    TensorInfo {
-        name: name.into(),
-        datatype: Some(dt),
-        shape: shape.to_vec(),
-    }
+    TensorInfo { name: name.into(), datatype: Some(dt), shape: shape.to_vec() }
 }
 
 fn onnx_io() -> ModelIo {
     ModelIo {
-        inputs: vec![
-            info("x", DataType::Fp32, &[-1, 16]),
-            info("ids", DataType::Int64, &[-1]),
-        ],
+        inputs: vec![info("x", DataType::Fp32, &[-1, 16]), info("ids", DataType::Int64, &[-1])],
         outputs: vec![info("y", DataType::Fp32, &[-1, 16])],
     }
 }
@@ -32,11 +25,7 @@ fn fills_onnx_backend_from_the_file_name() {
     let mut cfg = ModelConfig::default();
     fill(&mut cfg, &root.path().join("m"), "m").unwrap();
     assert_eq!(
-        (
-            cfg.name.as_str(),
-            cfg.backend.as_str(),
-            cfg.platform.as_str()
-        ),
+        (cfg.name.as_str(), cfg.backend.as_str(), cfg.platform.as_str()),
         ("m", "onnxruntime", "onnxruntime_onnx")
     );
     assert_eq!(cfg.default_model_filename, "model.onnx");
@@ -45,57 +34,30 @@ fn fills_onnx_backend_from_the_file_name() {
 #[test]
 fn name_must_match_directory() {
     let root = dir_with_version("m");
-    let mut cfg = ModelConfig {
-        name: "other".into(),
-        ..Default::default()
-    };
+    let mut cfg = ModelConfig { name: "other".into(), ..Default::default() };
     let err = fill(&mut cfg, &root.path().join("m"), "m").unwrap_err();
-    assert!(
-        err.contains("directory name must equal model name"),
-        "{err}"
-    );
+    assert!(err.contains("directory name must equal model name"), "{err}");
 }
 
 #[test]
 fn platform_backend_pair_and_missing_backend() {
     let root = tempfile::tempdir().unwrap();
-    let mut cfg = ModelConfig {
-        backend: "onnxruntime".into(),
-        platform: "tensorrt_plan".into(),
-        ..Default::default()
-    };
-    assert!(
-        fill(&mut cfg, root.path(), "")
-            .unwrap_err()
-            .contains("unexpected 'platform' and 'backend' pair")
-    );
+    let mut cfg = ModelConfig { backend: "onnxruntime".into(), platform: "tensorrt_plan".into(), ..Default::default() };
+    assert!(fill(&mut cfg, root.path(), "").unwrap_err().contains("unexpected 'platform' and 'backend' pair"));
     let mut cfg = ModelConfig::default();
-    assert!(
-        fill(&mut cfg, root.path(), "")
-            .unwrap_err()
-            .contains("must specify 'platform' or 'backend'")
-    );
+    assert!(fill(&mut cfg, root.path(), "").unwrap_err().contains("must specify 'platform' or 'backend'"));
 }
 
 #[test]
 fn completes_a_batchable_model() {
-    let mut cfg = ModelConfig {
-        name: "m".into(),
-        ..Default::default()
-    };
+    let mut cfg = ModelConfig { name: "m".into(), ..Default::default() };
     complete(&mut cfg, &onnx_io(), 4).unwrap();
     assert_eq!(cfg.max_batch_size, 4);
-    assert!(matches!(
-        cfg.scheduling_choice,
-        Some(SchedulingChoice::DynamicBatching(_))
-    ));
+    assert!(matches!(cfg.scheduling_choice, Some(SchedulingChoice::DynamicBatching(_))));
     assert_eq!(cfg.input[0].dims, vec![16]);
     // A rank-1 input becomes a [1] item with an empty reshape.
     assert_eq!(cfg.input[1].dims, vec![1]);
-    assert_eq!(
-        cfg.input[1].reshape,
-        Some(ModelTensorReshape { shape: vec![] })
-    );
+    assert_eq!(cfg.input[1].reshape, Some(ModelTensorReshape { shape: vec![] }));
     normalize(&mut cfg);
     validate(&cfg).unwrap();
     check_against_model(&cfg, &onnx_io()).unwrap();
@@ -107,27 +69,14 @@ fn completes_a_batchable_model() {
 
 #[test]
 fn fixed_batch_model_with_max_batch_size_fails() {
-    let io = ModelIo {
-        inputs: vec![info("x", DataType::Fp32, &[3, 2])],
-        outputs: vec![info("y", DataType::Fp32, &[3, 2])],
-    };
-    let mut cfg = ModelConfig {
-        name: "m".into(),
-        ..Default::default()
-    };
+    let io =
+        ModelIo { inputs: vec![info("x", DataType::Fp32, &[3, 2])], outputs: vec![info("y", DataType::Fp32, &[3, 2])] };
+    let mut cfg = ModelConfig { name: "m".into(), ..Default::default() };
     complete(&mut cfg, &io, 4).unwrap();
     assert_eq!(cfg.max_batch_size, 0);
     assert_eq!(cfg.input[0].dims, vec![3, 2]);
-    let mut cfg = ModelConfig {
-        name: "m".into(),
-        max_batch_size: 8,
-        ..Default::default()
-    };
-    assert!(
-        complete(&mut cfg, &io, 4)
-            .unwrap_err()
-            .contains("does not support batching")
-    );
+    let mut cfg = ModelConfig { name: "m".into(), max_batch_size: 8, ..Default::default() };
+    assert!(complete(&mut cfg, &io, 4).unwrap_err().contains("does not support batching"));
 }
 
 #[test]
@@ -135,12 +84,7 @@ fn user_parts_are_kept() {
     let mut cfg = ModelConfig {
         name: "m".into(),
         max_batch_size: 2,
-        input: vec![ModelInput {
-            name: "x".into(),
-            data_type: 11,
-            dims: vec![16],
-            ..Default::default()
-        }],
+        input: vec![ModelInput { name: "x".into(), data_type: 11, dims: vec![16], ..Default::default() }],
         ..Default::default()
     };
     complete(&mut cfg, &onnx_io(), 4).unwrap();
@@ -151,11 +95,7 @@ fn user_parts_are_kept() {
 
 #[test]
 fn normalize_fills_defaults() {
-    let mut cfg = ModelConfig {
-        name: "m".into(),
-        backend: "onnxruntime".into(),
-        ..Default::default()
-    };
+    let mut cfg = ModelConfig { name: "m".into(), backend: "onnxruntime".into(), ..Default::default() };
     normalize(&mut cfg);
     assert_eq!(cfg.instance_group.len(), 1);
     assert_eq!(cfg.instance_group[0].name, "m");
@@ -163,9 +103,7 @@ fn normalize_fills_defaults() {
     assert_eq!(cfg.instance_group[0].kind, Kind::Cpu as i32);
     assert!(matches!(
         cfg.version_policy.unwrap().policy_choice,
-        Some(model_version_policy::PolicyChoice::Latest(
-            model_version_policy::Latest { num_versions: 1 }
-        ))
+        Some(model_version_policy::PolicyChoice::Latest(model_version_policy::Latest { num_versions: 1 }))
     ));
 }
 
@@ -174,18 +112,8 @@ fn validation_names_the_field() {
     let good = || ModelConfig {
         name: "m".into(),
         max_batch_size: 8,
-        input: vec![ModelInput {
-            name: "x".into(),
-            data_type: 11,
-            dims: vec![4],
-            ..Default::default()
-        }],
-        output: vec![ModelOutput {
-            name: "y".into(),
-            data_type: 11,
-            dims: vec![4],
-            ..Default::default()
-        }],
+        input: vec![ModelInput { name: "x".into(), data_type: 11, dims: vec![4], ..Default::default() }],
+        output: vec![ModelOutput { name: "y".into(), data_type: 11, dims: vec![4], ..Default::default() }],
         ..Default::default()
     };
     validate(&good()).unwrap();
@@ -194,54 +122,30 @@ fn validation_names_the_field() {
     assert!(validate(&cfg).unwrap_err().contains("input 'x' dims [0]"));
     let mut cfg = good();
     cfg.output[0].data_type = 0;
-    assert!(
-        validate(&cfg)
-            .unwrap_err()
-            .contains("output 'y' must specify a valid 'data_type'")
-    );
+    assert!(validate(&cfg).unwrap_err().contains("output 'y' must specify a valid 'data_type'"));
     let mut cfg = good();
     cfg.scheduling_choice = Some(SchedulingChoice::DynamicBatching(ModelDynamicBatching {
         preferred_batch_size: vec![16],
         ..Default::default()
     }));
-    assert!(
-        validate(&cfg)
-            .unwrap_err()
-            .contains("preferred_batch_size 16")
-    );
+    assert!(validate(&cfg).unwrap_err().contains("preferred_batch_size 16"));
     let mut cfg = good();
     cfg.input[0].reshape = Some(ModelTensorReshape { shape: vec![2, 3] });
-    assert!(
-        validate(&cfg)
-            .unwrap_err()
-            .contains("different size for dims [4] and reshape [2,3]")
-    );
+    assert!(validate(&cfg).unwrap_err().contains("different size for dims [4] and reshape [2,3]"));
 }
 
 #[test]
 fn config_must_agree_with_the_model() {
-    let mut cfg = ModelConfig {
-        name: "m".into(),
-        ..Default::default()
-    };
+    let mut cfg = ModelConfig { name: "m".into(), ..Default::default() };
     complete(&mut cfg, &onnx_io(), 4).unwrap();
     cfg.input[0].data_type = DataType::Int32.config();
     let err = check_against_model(&cfg, &onnx_io()).unwrap_err();
-    assert!(
-        err.contains("input 'x': the configuration says TYPE_INT32 but the model has TYPE_FP32"),
-        "{err}"
-    );
+    assert!(err.contains("input 'x': the configuration says TYPE_INT32 but the model has TYPE_FP32"), "{err}");
     cfg.input[0].data_type = DataType::Fp32.config();
     cfg.input[0].dims = vec![8];
     let err = check_against_model(&cfg, &onnx_io()).unwrap_err();
-    assert!(
-        err.contains("the model's shape is [-1,16] but the configuration gives [-1,8]"),
-        "{err}"
-    );
+    assert!(err.contains("the model's shape is [-1,16] but the configuration gives [-1,8]"), "{err}");
     cfg.input[0].name = "z".into();
     let err = check_against_model(&cfg, &onnx_io()).unwrap_err();
-    assert!(
-        err.contains("configuration input 'z' is not a input of the model"),
-        "{err}"
-    );
+    assert!(err.contains("configuration input 'z' is not a input of the model"), "{err}");
 }

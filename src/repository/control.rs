@@ -1,0 +1,217 @@
+//! The model repository as the server runs it: start-up loading per control mode, and the
+//! repository extension (index, load with config and file overrides, unload).
+use std::{
+    collections::{BTreeMap, HashMap},
+    path::{Component, Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use super::{
+    loader::Loader,
+    pbtxt,
+    registry::{IndexEntry, State},
+    scan,
+};
+use crate::error::{Error, Result};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ControlMode {
+    /// Load everything at start; no changes at run time.
+    None,
+    /// Load only `--load-model` models at start; the load/unload API decides the rest.
+    Explicit,
+}
+
+/// A load through the repository API.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadRequest {
+    /// A ModelConfig in Triton's JSON form that replaces config.pbtxt.
+    pub config: Option<String>,
+    /// Files of a model folder given inline: (path like `1/model.onnx`, content).
+    pub files: Vec<(String, Vec<u8>)>,
+}
+
+pub struct ModelRepository {
+    roots: Vec<PathBuf>,
+    loader: Loader,
+    mode: ControlMode,
+    /// One load or unload at a time per model.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Folders written from load-request files, kept while their model may use them.
+    inline: Mutex<HashMap<String, tempfile::TempDir>>,
+}
+
+impl ModelRepository {
+    pub fn new(roots: Vec<PathBuf>, loader: Loader, mode: ControlMode) -> Self {
+        ModelRepository { roots, loader, mode, locks: Mutex::default(), inline: Mutex::default() }
+    }
+
+    pub fn loader(&self) -> &Loader {
+        &self.loader
+    }
+
+    fn lock_for(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        Arc::clone(locks.entry(name.to_string()).or_default())
+    }
+
+    fn find(&self, name: &str) -> Result<PathBuf> {
+        let (found, duplicates) = scan(&self.roots);
+        if let Some((_, reason)) = duplicates.iter().find(|(n, _)| n == name) {
+            return Err(Error::invalid(format!("failed to load '{name}': {reason}")));
+        }
+        found.into_iter().find(|f| f.name == name).map(|f| f.dir).ok_or_else(|| {
+            let roots: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
+            Error::invalid(format!(
+                "failed to load '{name}': no model folder named '{name}' in the model repositories ({})",
+                roots.join(", ")
+            ))
+        })
+    }
+
+    /// Loads what the control mode says to load at start-up; returns a line per failure.
+    pub async fn load_startup(self: &Arc<Self>, load_models: &[String]) -> Vec<String> {
+        let (found, duplicates) = scan(&self.roots);
+        let mut failures: Vec<String> = Vec::new();
+        let everything = self.mode == ControlMode::None || load_models.iter().any(|m| m == "*");
+        let wanted: Vec<_> = if everything {
+            for (name, reason) in duplicates {
+                tracing::error!(model = %name, error = %reason, "model not loaded");
+                self.loader.registry().fail_model(&name, &reason);
+                failures.push(reason);
+            }
+            found
+        } else {
+            for name in load_models.iter().filter(|m| !found.iter().any(|f| &f.name == *m)) {
+                failures.push(format!("--load-model={name}: no model folder named '{name}' in the model repositories"));
+            }
+            found.into_iter().filter(|f| load_models.contains(&f.name)).collect()
+        };
+        let limit = Arc::new(tokio::sync::Semaphore::new(4));
+        let tasks: Vec<_> = wanted
+            .into_iter()
+            .map(|f| {
+                let (repo, limit) = (Arc::clone(self), Arc::clone(&limit));
+                tokio::spawn(async move {
+                    let _permit = limit.acquire().await;
+                    repo.loader.load(&f.name, &f.dir, None).await
+                })
+            })
+            .collect();
+        for task in tasks {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => failures.push(e.to_string()),
+                Err(e) => failures.push(format!("a model load task failed: {e}")),
+            }
+        }
+        failures
+    }
+
+    fn check_explicit(&self) -> Result<()> {
+        match self.mode {
+            ControlMode::Explicit => Ok(()),
+            ControlMode::None => Err(Error::unavailable(
+                "explicit model load / unload is not allowed if polling is enabled (start ferry with --model-control-mode=explicit)",
+            )),
+        }
+    }
+
+    /// Every model folder of the repositories and every model ever loaded, with its versions'
+    /// states; `ready_only` keeps the READY ones.
+    pub fn index(&self, ready_only: bool) -> Vec<IndexEntry> {
+        let mut entries: BTreeMap<String, Vec<IndexEntry>> = BTreeMap::new();
+        for f in scan(&self.roots).0 {
+            entries.entry(f.name.clone()).or_default();
+        }
+        for e in self.loader.registry().index() {
+            entries.entry(e.name.clone()).or_default().push(e);
+        }
+        entries
+            .into_iter()
+            .flat_map(|(name, list)| {
+                if list.is_empty() {
+                    vec![IndexEntry { name, version: None, state: State::Unknown, reason: String::new() }]
+                } else {
+                    list
+                }
+            })
+            .filter(|e| !ready_only || e.state == State::Ready)
+            .collect()
+    }
+
+    /// Loads or reloads a model; the versions it replaces serve until the new ones are ready.
+    pub async fn load(&self, name: &str, req: LoadRequest) -> Result<()> {
+        self.check_explicit()?;
+        let lock = self.lock_for(name);
+        let _guard = lock.lock().await;
+        let config = match &req.config {
+            Some(json) => {
+                Some(pbtxt::from_json(json).map_err(|e| Error::invalid(format!("Invalid config override: {e}")))?)
+            }
+            None => None,
+        };
+        if req.files.is_empty() {
+            let dir = self.find(name)?;
+            return self.loader.load(name, &dir, config).await;
+        }
+        if config.is_none() {
+            return Err(Error::invalid(format!(
+                "failed to load '{name}': file overrides need a 'config' parameter too"
+            )));
+        }
+        let temp = write_inline(name, &req.files)?;
+        let dir = temp.path().join(name);
+        self.loader.load(name, &dir, config).await?;
+        self.inline.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), temp);
+        Ok(())
+    }
+
+    /// Takes a model out of service; requests it admitted still finish.
+    pub async fn unload(&self, name: &str, _unload_dependents: bool) -> Result<()> {
+        self.check_explicit()?;
+        let lock = self.lock_for(name);
+        let _guard = lock.lock().await;
+        self.loader.unload(name);
+        self.inline.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
+        Ok(())
+    }
+}
+
+/// Writes load-request files into a fresh folder `<temp>/<name>/`; every path must stay inside.
+fn write_inline(name: &str, files: &[(String, Vec<u8>)]) -> Result<tempfile::TempDir> {
+    let temp = tempfile::Builder::new()
+        .prefix("ferry-load-")
+        .tempdir()
+        .map_err(|e| Error::internal(format!("cannot create a folder for the model files: {e}")))?;
+    let dir = temp.path().join(name);
+    for (rel, content) in files {
+        let path = Path::new(rel);
+        if rel.is_empty() || path.components().any(|c| !matches!(c, Component::Normal(_))) {
+            return Err(Error::invalid(format!(
+                "failed to load '{name}': file override 'file:{rel}' must be a relative path inside the model folder"
+            )));
+        }
+        let target = dir.join(path);
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| Error::internal(format!("cannot write 'file:{rel}': {e}")))?;
+        }
+        std::fs::write(&target, content).map_err(|e| Error::internal(format!("cannot write 'file:{rel}': {e}")))?;
+    }
+    Ok(temp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn inline_files_stay_inside_the_model_folder() {
+        let ok = write_inline("m", &[("1/model.onnx".into(), vec![1, 2])]).unwrap();
+        assert_eq!(std::fs::read(ok.path().join("m/1/model.onnx")).unwrap(), vec![1, 2]);
+        for bad in ["../x", "/etc/passwd", "1/../../x", ""] {
+            let e = write_inline("m", &[(bad.into(), vec![])]).unwrap_err();
+            assert!(e.message().contains("relative path inside the model folder"), "{bad}: {e}");
+        }
+    }
+}
