@@ -8,7 +8,10 @@ use crate::{
     backend::{Backends, identity::IdentityBackend, onnx::OnnxBackend},
     config::Config,
     engine::{EXTENSIONS, Engine, ServerInfo, Services},
-    frontend::http::{HttpState, router},
+    frontend::{
+        grpc,
+        http::{HttpState, router},
+    },
     repository::{
         control::{ControlMode, ModelRepository},
         embedded,
@@ -75,6 +78,22 @@ pub async fn run(
             .await
     });
 
+    let grpc_listener = TcpListener::bind(config.grpc_addr)
+        .await
+        .map_err(|e| format!("cannot listen for gRPC on {}: {e}", config.grpc_addr))?;
+    let grpc_addr = grpc_listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!("gRPC KServe v2 service listening on {grpc_addr}");
+    let (inference, health) = grpc::services(Arc::clone(&engine));
+    let mut stop_grpc = stop_rx.clone();
+    let grpc = tokio::spawn(
+        tonic::transport::Server::builder().add_service(inference).add_service(health).serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+            async move {
+                let _ = stop_grpc.wait_for(|s| *s).await;
+            },
+        ),
+    );
+
     let failures = repository.load_startup(&config.load_models).await;
     if !failures.is_empty() && config.exit_on_error {
         let _ = stop_tx.send(true);
@@ -91,6 +110,11 @@ pub async fn run(
         Ok(Ok(())) => {}
         Ok(Err(e)) => tracing::error!(error = %e, "HTTP service stopped with an error"),
         Err(e) => tracing::error!(error = %e, "HTTP service task failed"),
+    }
+    match grpc.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "gRPC service stopped with an error"),
+        Err(e) => tracing::error!(error = %e, "gRPC service task failed"),
     }
     for model in registry.serving(None) {
         repository.loader().unload(&model.name);

@@ -1,5 +1,6 @@
 //! Protocol front-ends: each translates its wire format into one engine call and back.
 pub mod encoding;
+pub mod grpc;
 pub mod http;
 pub mod http_ext;
 pub mod json;

@@ -7,11 +7,12 @@ import threading
 import time
 import urllib.request
 
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BINARY = os.environ.get("FERRY_BIN", os.path.join(ROOT, "target", "debug", "ferry"))
-LISTENING = re.compile(r"HTTP KServe v2 service listening on ([\d.]+):(\d+)")
+LISTENING = re.compile(r"(HTTP|gRPC) KServe v2 service listening on ([\d.]+):(\d+)")
 
 
 class Server:
@@ -20,10 +21,11 @@ class Server:
     def __init__(self, args=(), env=None, wait_ready=True, timeout=60, expect_exit=False):
         full_env = dict(os.environ)
         full_env.update(env or {})
-        self.cmd = [BINARY, "serve", "--http-address=127.0.0.1", "--http-port=0", *args]
+        self.cmd = [BINARY, "serve", "--http-address=127.0.0.1", "--http-port=0", "--grpc-port=0", *args]
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, text=True)
         self.lines = []
         self.port = None
+        self.grpc_port = None
         self._seen = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
         if expect_exit:
@@ -37,8 +39,10 @@ class Server:
             with self._seen:
                 self.lines.append(line)
                 m = LISTENING.search(line)
-                if m and self.port is None:
-                    self.port = int(m.group(2))
+                if m and m.group(1) == "HTTP":
+                    self.port = int(m.group(3))
+                elif m:
+                    self.grpc_port = int(m.group(3))
                 self._seen.notify_all()
         with self._seen:
             self._seen.notify_all()
@@ -46,7 +50,7 @@ class Server:
     def _wait_port(self, timeout):
         deadline = time.time() + timeout
         with self._seen:
-            while self.port is None:
+            while self.port is None or self.grpc_port is None:
                 if self.proc.poll() is not None or time.time() > deadline:
                     raise RuntimeError(f"ferry did not start: {self.cmd}\n{self.log()}")
                 self._seen.wait(0.1)
@@ -57,6 +61,13 @@ class Server:
 
     def client(self):
         return httpclient.InferenceServerClient(self.url)
+
+    @property
+    def grpc_url(self):
+        return f"127.0.0.1:{self.grpc_port}"
+
+    def grpc_client(self):
+        return grpcclient.InferenceServerClient(self.grpc_url)
 
     def log(self):
         with self._seen:

@@ -2,6 +2,7 @@
 import os
 import shutil
 
+import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -109,3 +110,20 @@ output [
 ]
 """)
     return os.path.join(ONNX_DATA, "light_densenet121.onnx")
+
+
+RNG = np.random.default_rng(7)
+
+
+def sample(datatype, shape):
+    if datatype == "BYTES":
+        return np.array([f"s{i}-é".encode() for i in range(int(np.prod(shape)))], dtype=np.object_).reshape(shape)
+    if datatype == "BOOL":
+        return RNG.integers(0, 2, size=shape).astype(np.bool_)
+    if datatype == "BF16":
+        return RNG.standard_normal(shape).astype(ml_dtypes.bfloat16)
+    np_type = DATATYPES[datatype][1]
+    if np.issubdtype(np_type, np.integer):
+        info = np.iinfo(np_type)
+        return RNG.integers(info.min, info.max, size=shape, dtype=np_type, endpoint=True)
+    return RNG.standard_normal(shape).astype(np_type)

@@ -4,7 +4,6 @@ import json
 import os
 import urllib.request
 
-import ml_dtypes
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -14,21 +13,8 @@ from tritonclient.utils import InferenceServerException
 import models
 from conftest import EXAMPLES
 
-RNG = np.random.default_rng(7)
-
-
-def sample(datatype, shape):
-    if datatype == "BYTES":
-        return np.array([f"s{i}-é".encode() for i in range(int(np.prod(shape)))], dtype=np.object_).reshape(shape)
-    if datatype == "BOOL":
-        return RNG.integers(0, 2, size=shape).astype(np.bool_)
-    if datatype == "BF16":
-        return RNG.standard_normal(shape).astype(ml_dtypes.bfloat16)
-    np_type = models.DATATYPES[datatype][1]
-    if np.issubdtype(np_type, np.integer):
-        info = np.iinfo(np_type)
-        return RNG.integers(info.min, info.max, size=shape, dtype=np_type, endpoint=True)
-    return RNG.standard_normal(shape).astype(np_type)
+RNG = models.RNG
+sample = models.sample
 
 
 def infer(client, model, arrays, binary=True, outputs=None, **kw):

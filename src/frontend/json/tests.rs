@@ -76,7 +76,7 @@ fn binary_errors_name_the_problem() {
 fn malformed_json_and_sources() {
     let e = decode_plain("m", None, Bytes::from_static(b"{\"inputs\": [}"), None).unwrap_err();
     assert!(e.message().starts_with("failed to parse the request JSON buffer"), "{e}");
-    let e = decode(
+    let e = decode_plain(
         "m",
         None,
         Bytes::from_static(b"{\"inputs\":[{\"name\":\"a\",\"shape\":[1],\"datatype\":\"FP32\"}]}"),
@@ -84,7 +84,7 @@ fn malformed_json_and_sources() {
     )
     .unwrap_err();
     assert!(e.message().contains("But no field is set"), "{e}");
-    let e = decode(
+    let e = decode_plain(
         "m",
         None,
         Bytes::from_static(b"{\"inputs\":[{\"name\":\"a\",\"shape\":[1],\"datatype\":\"FP99\",\"data\":[1]}]}"),
@@ -92,7 +92,7 @@ fn malformed_json_and_sources() {
     )
     .unwrap_err();
     assert!(e.message().contains("invalid datatype 'FP99'"), "{e}");
-    let e = decode(
+    let e = decode_plain(
         "m",
         None,
         Bytes::from_static(b"{\"inputs\":[{\"name\":\"a\",\"shape\":[3],\"datatype\":\"FP32\",\"data\":[1,2]}]}"),

@@ -1,0 +1,303 @@
+//! KServe v2 over gRPC (tonic): `inference.GRPCInferenceService` with every RPC and the
+//! `grpc.health.v1` health check. Each RPC translates into one engine call; errors carry the
+//! gRPC code of the one table in `error`.
+use std::{pin::Pin, sync::Arc};
+
+use tokio::sync::mpsc;
+use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
+use tonic::{Code, Request, Response, Status, Streaming, codec::CompressionEncoding};
+
+use crate::{
+    engine::Engine,
+    error::Error,
+    proto::{
+        health::{HealthCheckRequest, HealthCheckResponse, health_check_response::ServingStatus, health_server},
+        inference::{self as pb, grpc_inference_service_server as service},
+    },
+    request::parse_version,
+};
+
+mod admin;
+mod convert;
+
+fn status(e: Error) -> Status {
+    Status::new(Code::from_i32(e.grpc_code()), e.message())
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[derive(Clone)]
+pub struct Grpc {
+    engine: Arc<Engine>,
+}
+
+/// The inference and health services, with Triton's message size limits (2 GiB, not tonic's
+/// 4 MiB) and gzip/deflate requests accepted.
+pub fn services(engine: Arc<Engine>) -> (service::GrpcInferenceServiceServer<Grpc>, health_server::HealthServer<Grpc>) {
+    let grpc = Grpc { engine };
+    let inference = service::GrpcInferenceServiceServer::new(grpc.clone())
+        .max_decoding_message_size(i32::MAX as usize)
+        .max_encoding_message_size(i32::MAX as usize)
+        .accept_compressed(CompressionEncoding::Gzip)
+        .accept_compressed(CompressionEncoding::Deflate);
+    (inference, health_server::HealthServer::new(grpc))
+}
+
+impl Grpc {
+    async fn infer(&self, req: pb::ModelInferRequest) -> Result<pb::ModelInferResponse, Error> {
+        let request = convert::request(req, self.engine.shm())?;
+        Ok(convert::response(self.engine.infer(request).await?))
+    }
+
+    /// One streamed reply: the response marked final; on failure the error with what identifies
+    /// the request.
+    async fn stream_reply(
+        &self,
+        req: pb::ModelInferRequest,
+    ) -> Result<pb::ModelStreamInferResponse, (Error, pb::ModelInferResponse)> {
+        let failed = pb::ModelInferResponse {
+            id: req.id.clone(),
+            model_name: req.model_name.clone(),
+            model_version: req.model_version.clone(),
+            ..Default::default()
+        };
+        match self.infer(req).await {
+            Ok(mut resp) => {
+                let (k, v) = convert::final_flag();
+                resp.parameters.insert(k, v);
+                Ok(pb::ModelStreamInferResponse { error_message: String::new(), infer_response: Some(resp) })
+            }
+            Err(e) => Err((e, failed)),
+        }
+    }
+}
+
+type InferStream = Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl service::GrpcInferenceService for Grpc {
+    async fn server_live(&self, _: Request<pb::ServerLiveRequest>) -> Reply<pb::ServerLiveResponse> {
+        self.engine.live().map_err(status)?;
+        Ok(Response::new(pb::ServerLiveResponse { live: true }))
+    }
+
+    async fn server_ready(&self, _: Request<pb::ServerReadyRequest>) -> Reply<pb::ServerReadyResponse> {
+        Ok(Response::new(pb::ServerReadyResponse { ready: self.engine.ready() }))
+    }
+
+    async fn model_ready(&self, r: Request<pb::ModelReadyRequest>) -> Reply<pb::ModelReadyResponse> {
+        let r = r.into_inner();
+        let version = parse_version(&r.name, &r.version).map_err(status)?;
+        self.engine.model_ready(&r.name, version).map_err(status)?;
+        Ok(Response::new(pb::ModelReadyResponse { ready: true }))
+    }
+
+    async fn server_metadata(&self, _: Request<pb::ServerMetadataRequest>) -> Reply<pb::ServerMetadataResponse> {
+        let info = self.engine.server_info();
+        Ok(Response::new(pb::ServerMetadataResponse {
+            name: info.name.clone(),
+            version: info.version.clone(),
+            extensions: info.extensions.clone(),
+        }))
+    }
+
+    async fn model_metadata(&self, r: Request<pb::ModelMetadataRequest>) -> Reply<pb::ModelMetadataResponse> {
+        use pb::model_metadata_response::TensorMetadata;
+        let r = r.into_inner();
+        let version = parse_version(&r.name, &r.version).map_err(status)?;
+        let m = self.engine.model_metadata(&r.name, version).map_err(status)?;
+        let tensors = |ts: &[crate::engine::TensorMetadata]| {
+            ts.iter()
+                .map(|t| TensorMetadata {
+                    name: t.name.clone(),
+                    datatype: t.datatype.wire().into(),
+                    shape: t.shape.clone(),
+                })
+                .collect()
+        };
+        Ok(Response::new(pb::ModelMetadataResponse {
+            name: m.name.clone(),
+            versions: m.versions.iter().map(u64::to_string).collect(),
+            platform: m.platform.clone(),
+            inputs: tensors(&m.inputs),
+            outputs: tensors(&m.outputs),
+        }))
+    }
+
+    async fn model_infer(&self, r: Request<pb::ModelInferRequest>) -> Reply<pb::ModelInferResponse> {
+        self.infer(r.into_inner()).await.map(Response::new).map_err(status)
+    }
+
+    type ModelStreamInferStream = InferStream;
+
+    /// Many requests in flight on one stream; each gets one reply, in completion order.
+    async fn model_stream_infer(&self, r: Request<Streaming<pb::ModelInferRequest>>) -> Reply<InferStream> {
+        let grpc_errors =
+            r.metadata().get("triton_grpc_error").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+        let mut inbound = r.into_inner();
+        let (tx, rx) = mpsc::channel::<Result<pb::ModelStreamInferResponse, Status>>(1024);
+        let this = self.clone();
+        tokio::spawn(async move {
+            while let Some(next) = inbound.next().await {
+                let Ok(req) = next else { break };
+                let (this, tx) = (this.clone(), tx.clone());
+                tokio::spawn(async move {
+                    // Errors travel in-band and the stream goes on, unless the client asked
+                    // (triton_grpc_error) for the first one to end the stream with its status.
+                    let item = match this.stream_reply(req).await {
+                        Ok(resp) => Ok(resp),
+                        Err((e, _)) if grpc_errors => Err(status(e)),
+                        Err((e, failed)) => Ok(pb::ModelStreamInferResponse {
+                            error_message: e.message().to_string(),
+                            infer_response: Some(failed),
+                        }),
+                    };
+                    let _ = tx.send(item).await;
+                });
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx)) as InferStream))
+    }
+
+    async fn model_config(&self, r: Request<pb::ModelConfigRequest>) -> Reply<pb::ModelConfigResponse> {
+        let r = r.into_inner();
+        let version = parse_version(&r.name, &r.version).map_err(status)?;
+        let config = self.engine.model_config(&r.name, version).map_err(status)?;
+        Ok(Response::new(pb::ModelConfigResponse { config: Some((*config).clone()) }))
+    }
+
+    async fn model_statistics(&self, r: Request<pb::ModelStatisticsRequest>) -> Reply<pb::ModelStatisticsResponse> {
+        let r = r.into_inner();
+        let name = (!r.name.is_empty()).then_some(r.name.as_str());
+        let version = parse_version(&r.name, &r.version).map_err(status)?;
+        let all = self.engine.statistics(name, version).map_err(status)?;
+        Ok(Response::new(pb::ModelStatisticsResponse { model_stats: admin::statistics(&all) }))
+    }
+
+    async fn repository_index(&self, r: Request<pb::RepositoryIndexRequest>) -> Reply<pb::RepositoryIndexResponse> {
+        let r = r.into_inner();
+        if !r.repository_name.is_empty() {
+            return Err(status(Error::unsupported("'repository_name' specification is not supported")));
+        }
+        Ok(Response::new(admin::index(&self.engine.repository().index(r.ready))))
+    }
+
+    async fn repository_model_load(
+        &self,
+        r: Request<pb::RepositoryModelLoadRequest>,
+    ) -> Reply<pb::RepositoryModelLoadResponse> {
+        let r = r.into_inner();
+        if !r.repository_name.is_empty() {
+            return Err(status(Error::unsupported("'repository_name' specification is not supported")));
+        }
+        let req = admin::load_request(r.parameters).map_err(status)?;
+        self.engine.repository().load(&r.model_name, req).await.map_err(status)?;
+        Ok(Response::new(pb::RepositoryModelLoadResponse {}))
+    }
+
+    async fn repository_model_unload(
+        &self,
+        r: Request<pb::RepositoryModelUnloadRequest>,
+    ) -> Reply<pb::RepositoryModelUnloadResponse> {
+        let r = r.into_inner();
+        if !r.repository_name.is_empty() {
+            return Err(status(Error::unsupported("'repository_name' specification is not supported")));
+        }
+        let dependents = admin::unload_dependents(&r.parameters).map_err(status)?;
+        self.engine.repository().unload(&r.model_name, dependents).await.map_err(status)?;
+        Ok(Response::new(pb::RepositoryModelUnloadResponse {}))
+    }
+
+    async fn system_shared_memory_status(
+        &self,
+        r: Request<pb::SystemSharedMemoryStatusRequest>,
+    ) -> Reply<pb::SystemSharedMemoryStatusResponse> {
+        use pb::system_shared_memory_status_response::RegionStatus;
+        let name = r.into_inner().name;
+        let regions = self.engine.shm().status((!name.is_empty()).then_some(name.as_str())).map_err(status)?;
+        let regions = regions
+            .into_iter()
+            .map(|s| {
+                (s.name.clone(), RegionStatus { name: s.name, key: s.key, offset: s.offset, byte_size: s.byte_size })
+            })
+            .collect();
+        Ok(Response::new(pb::SystemSharedMemoryStatusResponse { regions }))
+    }
+
+    async fn system_shared_memory_register(
+        &self,
+        r: Request<pb::SystemSharedMemoryRegisterRequest>,
+    ) -> Reply<pb::SystemSharedMemoryRegisterResponse> {
+        let r = r.into_inner();
+        self.engine.shm().register(&r.name, &r.key, r.offset, r.byte_size).map_err(status)?;
+        Ok(Response::new(pb::SystemSharedMemoryRegisterResponse {}))
+    }
+
+    async fn system_shared_memory_unregister(
+        &self,
+        r: Request<pb::SystemSharedMemoryUnregisterRequest>,
+    ) -> Reply<pb::SystemSharedMemoryUnregisterResponse> {
+        let name = r.into_inner().name;
+        self.engine.shm().unregister((!name.is_empty()).then_some(name.as_str())).map_err(status)?;
+        Ok(Response::new(pb::SystemSharedMemoryUnregisterResponse {}))
+    }
+
+    async fn cuda_shared_memory_status(
+        &self,
+        r: Request<pb::CudaSharedMemoryStatusRequest>,
+    ) -> Reply<pb::CudaSharedMemoryStatusResponse> {
+        let name = r.into_inner().name;
+        if !name.is_empty() {
+            return Err(status(Error::not_found(format!("Unable to find cuda shared memory region: '{name}'"))));
+        }
+        Ok(Response::new(pb::CudaSharedMemoryStatusResponse::default()))
+    }
+
+    async fn cuda_shared_memory_register(
+        &self,
+        r: Request<pb::CudaSharedMemoryRegisterRequest>,
+    ) -> Reply<pb::CudaSharedMemoryRegisterResponse> {
+        let name = r.into_inner().name;
+        Err(status(Error::invalid(format!(
+            "failed to register CUDA shared memory region: '{name}', GPUs not supported"
+        ))))
+    }
+
+    async fn cuda_shared_memory_unregister(
+        &self,
+        _: Request<pb::CudaSharedMemoryUnregisterRequest>,
+    ) -> Reply<pb::CudaSharedMemoryUnregisterResponse> {
+        Ok(Response::new(pb::CudaSharedMemoryUnregisterResponse {}))
+    }
+
+    async fn trace_setting(&self, r: Request<pb::TraceSettingRequest>) -> Reply<pb::TraceSettingResponse> {
+        let r = r.into_inner();
+        let model = (!r.model_name.is_empty()).then_some(r.model_name.as_str());
+        let settings = if r.settings.is_empty() {
+            self.engine.trace_settings(model)
+        } else {
+            admin::trace_update(&r).and_then(|u| self.engine.update_trace_settings(model, u))
+        };
+        Ok(Response::new(admin::trace_response(&settings.map_err(status)?)))
+    }
+
+    async fn log_settings(&self, r: Request<pb::LogSettingsRequest>) -> Reply<pb::LogSettingsResponse> {
+        let r = r.into_inner();
+        let settings = if r.settings.is_empty() {
+            Ok(self.engine.logging().get())
+        } else {
+            admin::log_update(&r).and_then(|u| self.engine.logging().update(u))
+        };
+        Ok(Response::new(admin::log_response(&settings.map_err(status)?)))
+    }
+}
+
+#[tonic::async_trait]
+impl health_server::Health for Grpc {
+    /// Answers from server readiness, whatever service is named (as Triton).
+    async fn check(&self, _: Request<HealthCheckRequest>) -> Reply<HealthCheckResponse> {
+        self.engine.live().map_err(status)?;
+        let serving = if self.engine.ready() { ServingStatus::Serving } else { ServingStatus::NotServing };
+        Ok(Response::new(HealthCheckResponse { status: serving as i32 }))
+    }
+}
