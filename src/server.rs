@@ -71,6 +71,10 @@ pub async fn run(
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut stop_http = stop_rx.clone();
     let http = tokio::spawn(async move {
+        // Replies are small and written at once: Nagle's algorithm would hold them back ~40 ms.
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         axum::serve(listener, router(state))
             .with_graceful_shutdown(async move {
                 let _ = stop_http.wait_for(|s| *s).await;
@@ -87,7 +91,11 @@ pub async fn run(
     let mut stop_grpc = stop_rx.clone();
     let grpc = tokio::spawn(
         tonic::transport::Server::builder().add_service(inference).add_service(health).serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(grpc_listener),
+            tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(grpc_listener), |tcp| {
+                tcp.inspect(|s| {
+                    let _ = s.set_nodelay(true);
+                })
+            }),
             async move {
                 let _ = stop_grpc.wait_for(|s| *s).await;
             },

@@ -226,3 +226,14 @@ def test_trace_settings(server, protocol):
         client.update_trace_settings(settings={"trace_rate": "fast"})
     with pytest.raises(InferenceServerException):
         client.get_trace_settings(model_name="nope")
+
+
+def test_explicit_mode_loads_every_model_with_star(fresh_repo):
+    copy_example(fresh_repo, "simple")
+    copy_example(fresh_repo, "simple_string")
+    with Server(["--model-repository", fresh_repo, "--model-control-mode=explicit", "--load-model=*"]) as s:
+        assert s.client().is_model_ready("simple") and s.client().is_model_ready("simple_string")
+    with Server(["--model-repository", fresh_repo, "--model-control-mode=explicit"]) as s:
+        assert [m["name"] for m in s.client().get_model_repository_index()] == ["simple", "simple_string"]
+        assert not s.client().is_model_ready("simple")
+        assert s.client().is_server_ready(), "models never loaded do not hold readiness back"
