@@ -27,6 +27,7 @@ pub const EXTENSIONS: &[&str] = &[
     "classification",
     "model_repository",
     "model_repository(unload_dependents)",
+    "schedule_policy",
     "model_configuration",
     "system_shared_memory",
     "binary_tensor_data",

@@ -37,10 +37,16 @@ pub struct ValidatedRequest {
     /// Requests share a batch only when their keys are equal: the non-batch shape of every
     /// non-ragged input, with -2 marking an absent optional input.
     pub batch_key: Vec<i64>,
+    /// The `priority` parameter: 1 = highest level, 0 = the model's default.
+    pub priority: u64,
+    /// The `timeout` parameter, in microseconds.
+    pub timeout_us: Option<u64>,
 }
 
 pub fn validate(model: &str, schema: &Schema, req: InferRequest) -> Result<ValidatedRequest> {
     check_parameters(&req.parameters)?;
+    let priority = uint_parameter(&req.parameters, "priority")?.unwrap_or(0);
+    let timeout_us = uint_parameter(&req.parameters, "timeout")?;
     let slots = place_inputs(model, schema, req.inputs)?;
     let rows = batch_rows(model, schema, &slots)?;
     let mut inputs = Vec::with_capacity(slots.len());
@@ -63,7 +69,28 @@ pub fn validate(model: &str, schema: &Schema, req: InferRequest) -> Result<Valid
         }
     }
     let outputs = select_outputs(model, schema, &req.outputs)?;
-    Ok(ValidatedRequest { id: req.id, parameters: req.parameters, rows, inputs, outputs, batch_key })
+    Ok(ValidatedRequest {
+        id: req.id,
+        parameters: req.parameters,
+        rows,
+        inputs,
+        outputs,
+        batch_key,
+        priority,
+        timeout_us,
+    })
+}
+
+/// A scheduling parameter that must be a non-negative integer.
+fn uint_parameter(params: &Parameters, key: &str) -> Result<Option<u64>> {
+    match params.get(key) {
+        None => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            Error::invalid(format!(
+                "invalid value type for '{key}' parameter, expected a non-negative integer, got {v:?}"
+            ))
+        }),
+    }
 }
 
 fn check_parameters(params: &Parameters) -> Result<()> {

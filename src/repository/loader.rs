@@ -7,13 +7,13 @@ use std::{
     sync::Arc,
 };
 
-use super::{config, registry::Registry, select_versions, version_dirs};
+use super::{config, registry::Registry, select_versions, version_dirs, warmup::Samples};
 use crate::{
     backend::{Backend, Backends, Device, InstanceSpec, ModelInstance},
     error::{Error, Result},
     model::{ModelVersion, Schema},
     proto::inference::{ModelConfig, model_config::SchedulingChoice},
-    scheduler::{BatchPolicy, ModelContext, Scheduler},
+    scheduler::{BatchPolicy, ModelContext, Policy, QueuePolicy, Scheduler},
     stats::Stats,
 };
 
@@ -173,6 +173,8 @@ fn load_version(
     if p.backend.name() == "onnxruntime" && !path.exists() {
         return Err(format!("model file '{}' does not exist", path.display()));
     }
+    let warmup = Samples::build(&p.config, dir)?;
+    let outputs: Vec<&str> = p.config.output.iter().map(|o| o.name.as_str()).collect();
     let total: usize = p.config.instance_group.iter().map(|g| g.count.max(0) as usize).sum();
     let threads = (cores / total.max(1)).max(1);
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(total);
@@ -184,12 +186,13 @@ fn load_version(
         };
         for _ in 0..group.count.max(0) {
             let spec = InstanceSpec { model_path: &path, config: &p.config, device, intra_op_threads: threads };
-            let instance = p.backend.load(&spec).map_err(|e| e.to_string())?;
+            let mut instance = p.backend.load(&spec).map_err(|e| e.to_string())?;
             if instances.is_empty()
                 && let Some(io) = instance.model_io()
             {
                 config::check_against_model(&p.config, &io)?;
             }
+            warmup.run(instance.as_mut(), &outputs)?;
             instances.push(instance);
         }
     }
@@ -199,7 +202,11 @@ fn load_version(
         Some(SchedulingChoice::DynamicBatching(db)) => Some(db),
         _ => None,
     };
-    let policy = BatchPolicy::new(schema.max_batch_size, dynamic);
+    let policy = Policy {
+        batching: BatchPolicy::new(schema.max_batch_size, dynamic),
+        queue: QueuePolicy::new(dynamic),
+        preserve_ordering: dynamic.is_some_and(|d| d.preserve_ordering),
+    };
     let ctx = ModelContext { name: name.to_string(), version, schema: Arc::clone(&schema), stats: Arc::clone(&stats) };
     let scheduler = Scheduler::start(ctx, policy, instances).map_err(|e| e.to_string())?;
     Ok(ModelVersion { name: name.to_string(), version, config: Arc::clone(&p.config), schema, scheduler, stats })

@@ -10,6 +10,7 @@ pub mod embedded;
 pub mod loader;
 pub mod pbtxt;
 pub mod registry;
+pub mod warmup;
 
 /// A model folder found in a repository.
 #[derive(Debug, Clone, PartialEq, Eq)]

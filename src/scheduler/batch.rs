@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::{Job, ModelContext};
+use super::{Job, ModelContext, Responder};
 use crate::{
     backend::{BackendInput, ModelInstance},
     classify::classify,
@@ -30,7 +30,7 @@ impl Buffer {
     }
 }
 
-pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, jobs: Vec<Job>) {
+pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responder: &Responder, jobs: Vec<Job>) {
     let start = Instant::now();
     let schema = &ctx.schema;
     let rows: usize = jobs.iter().map(|j| j.req.rows).sum();
@@ -56,7 +56,7 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, jobs: Ve
         Err(e) => {
             tracing::debug!(model = %ctx.name, version = ctx.version, error = %e, "batch failed");
             for job in jobs {
-                let _ = job.reply.send(Err(e.clone()));
+                responder.send(job.seq, job.reply, Err(e.clone()));
             }
             return;
         }
@@ -74,7 +74,7 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, jobs: Ve
     let phases = PhaseTimes { input: input_done - start, infer: infer_done - input_done, output: infer_done.elapsed() };
     ctx.stats.record_execution(rows as u64, &queued, phases);
     for (job, response) in replies {
-        let _ = job.reply.send(response);
+        responder.send(job.seq, job.reply, response);
     }
 }
 
@@ -91,8 +91,12 @@ fn assemble(schema: &Schema, jobs: &[Job], rows: usize) -> Vec<(usize, Vec<i64>,
     (0..schema.inputs.len())
         .filter_map(|i| {
             let head = first.inputs[i].as_ref()?;
+            let ragged = schema.inputs[i].allow_ragged_batch;
+            // A ragged input reaches the model as one flat tensor of every request's elements.
+            let flat = |count: usize| vec![count as i64];
             if jobs.len() == 1 {
-                return Some((i, head.shape.clone(), Buffer::Shared(head.data.clone())));
+                let shape = if ragged { flat(element_count(&head.shape).unwrap_or(0)) } else { head.shape.clone() };
+                return Some((i, shape, Buffer::Shared(head.data.clone())));
             }
             let len: usize = jobs.iter().filter_map(|j| j.req.inputs[i].as_ref()).map(|t| t.data.len()).sum();
             let mut words = vec![0u64; len.div_ceil(8)];
@@ -102,8 +106,13 @@ fn assemble(schema: &Schema, jobs: &[Job], rows: usize) -> Vec<(usize, Vec<i64>,
                 bytes[at..at + t.data.len()].copy_from_slice(&t.data);
                 at += t.data.len();
             }
-            let mut shape = head.shape.clone();
-            shape[0] = rows as i64;
+            let shape = if ragged {
+                flat(jobs.iter().filter_map(|j| j.req.inputs[i].as_ref()).filter_map(|t| element_count(&t.shape)).sum())
+            } else {
+                let mut shape = head.shape.clone();
+                shape[0] = rows as i64;
+                shape
+            };
             Some((i, shape, Buffer::Gathered(words, len)))
         })
         .collect()

@@ -1,7 +1,8 @@
 //! Per model version: a queue of validated requests, and one thread per model instance that takes
-//! the next batch the batcher allows, runs it, and answers each request.
+//! the next batch the batcher allows, runs it, and answers each request. With request timeouts, a
+//! reaper thread answers expired requests on time even while every instance is busy.
 use std::{
-    collections::VecDeque,
+    collections::BTreeMap,
     sync::{Arc, Condvar, Mutex, MutexGuard},
     thread::JoinHandle,
     time::Instant,
@@ -20,10 +21,14 @@ use crate::{
 
 mod batch;
 pub mod batcher;
+mod queue;
 
 pub use batcher::BatchPolicy;
+use queue::{Job, Queue};
+pub use queue::{LevelPolicy, QueuePolicy};
 
 pub type Reply = oneshot::Receiver<Result<InferResponse>>;
+type Sender = oneshot::Sender<Result<InferResponse>>;
 
 /// What a batch needs to know of its model version.
 pub struct ModelContext {
@@ -33,22 +38,37 @@ pub struct ModelContext {
     pub stats: Arc<Stats>,
 }
 
-struct Job {
-    req: ValidatedRequest,
-    enqueued: Instant,
-    reply: oneshot::Sender<Result<InferResponse>>,
+/// Answers requests; with preserve_ordering, in arrival order whatever order batches end in.
+struct Responder {
+    ordered: bool,
+    held: Mutex<(u64, BTreeMap<u64, (Sender, Result<InferResponse>)>)>,
 }
 
-#[derive(Default)]
-struct Queue {
-    jobs: VecDeque<Job>,
-    stopping: bool,
+impl Responder {
+    fn send(&self, seq: u64, reply: Sender, result: Result<InferResponse>) {
+        if !self.ordered {
+            let _ = reply.send(result);
+            return;
+        }
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        held.1.insert(seq, (reply, result));
+        loop {
+            let next = held.0;
+            let Some((reply, result)) = held.1.remove(&next) else { break };
+            let _ = reply.send(result);
+            held.0 += 1;
+        }
+    }
 }
 
 struct Shared {
     queue: Mutex<Queue>,
+    /// Wakes instance threads: a request arrived, or stop.
     ready: Condvar,
-    policy: BatchPolicy,
+    /// Wakes the reaper: a request with a deadline arrived, or stop.
+    reaper: Condvar,
+    batching: BatchPolicy,
+    responder: Responder,
 }
 
 impl Shared {
@@ -56,36 +76,55 @@ impl Shared {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn answer_swept(&self, q: &mut Queue, now: Instant) {
+        for (job, error) in q.sweep(now) {
+            tracing::debug!(request = %job.req.id, reason = %error, "request left the queue unrun");
+            self.responder.send(job.seq, job.reply, Err(error));
+        }
+    }
+
     /// Blocks until the batcher allows a batch; None once stopped and drained.
     fn next_batch(&self) -> Option<Vec<Job>> {
         let mut q = self.lock();
         loop {
-            // A request whose caller went away costs no compute.
-            q.jobs.retain(|j| !j.reply.is_closed());
             let now = Instant::now();
-            let pending = q.jobs.iter().map(|j| batcher::Pending {
-                rows: j.req.rows,
-                enqueued: j.enqueued,
-                key: &j.req.batch_key,
-            });
-            match batcher::decide(&self.policy, pending, now, q.stopping) {
+            self.answer_swept(&mut q, now);
+            let pending =
+                q.iter().map(|j| batcher::Pending { rows: j.req.rows, enqueued: j.enqueued, key: &j.req.batch_key });
+            let wake = match batcher::decide(&self.batching, pending, now, q.stopping) {
                 batcher::Decision::Run(n) => {
-                    let jobs: Vec<Job> = q.jobs.drain(..n).collect();
-                    if !q.jobs.is_empty() {
+                    let jobs = q.take(n);
+                    if !q.is_empty() {
                         self.ready.notify_one();
                     }
                     return Some(jobs);
                 }
-                batcher::Decision::WaitUntil(at) => {
-                    q = self
-                        .ready
-                        .wait_timeout(q, at.saturating_duration_since(now))
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
-                }
                 batcher::Decision::Idle if q.stopping => return None,
-                batcher::Decision::Idle => q = self.ready.wait(q).unwrap_or_else(|p| p.into_inner()),
-            }
+                batcher::Decision::Idle => q.next_deadline(),
+                batcher::Decision::WaitUntil(at) => Some(q.next_deadline().map_or(at, |d| d.min(at))),
+            };
+            q = match wake {
+                Some(at) => {
+                    let wait = at.saturating_duration_since(now);
+                    self.ready.wait_timeout(q, wait).unwrap_or_else(|p| p.into_inner()).0
+                }
+                None => self.ready.wait(q).unwrap_or_else(|p| p.into_inner()),
+            };
+        }
+    }
+
+    /// Answers expired requests when they expire.
+    fn reap(&self) {
+        let mut q = self.lock();
+        while !(q.stopping && q.is_empty()) {
+            let now = Instant::now();
+            self.answer_swept(&mut q, now);
+            q = match q.next_deadline() {
+                Some(at) => {
+                    self.reaper.wait_timeout(q, at.saturating_duration_since(now)).unwrap_or_else(|p| p.into_inner()).0
+                }
+                None => self.reaper.wait(q).unwrap_or_else(|p| p.into_inner()),
+            };
         }
     }
 }
@@ -94,53 +133,81 @@ impl Shared {
 /// the model again and submit it to the version that replaced it.
 pub struct Retired(pub Box<ValidatedRequest>);
 
+/// How a version schedules: batching, the queue policy, and whether replies keep arrival order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Policy {
+    pub batching: BatchPolicy,
+    pub queue: QueuePolicy,
+    pub preserve_ordering: bool,
+}
+
 pub struct Scheduler {
     shared: Arc<Shared>,
     workers: Mutex<Vec<JoinHandle<()>>>,
 }
 
 impl Scheduler {
-    /// Starts one thread per instance.
-    pub fn start(ctx: ModelContext, policy: BatchPolicy, instances: Vec<Box<dyn ModelInstance>>) -> Result<Scheduler> {
-        let shared = Arc::new(Shared { queue: Mutex::default(), ready: Condvar::new(), policy });
+    /// Starts one thread per instance (and a reaper when requests can time out).
+    pub fn start(ctx: ModelContext, policy: Policy, instances: Vec<Box<dyn ModelInstance>>) -> Result<Scheduler> {
+        let reaper_needed = policy.queue.has_timeouts();
+        let shared = Arc::new(Shared {
+            queue: Mutex::new(Queue::new(policy.queue)),
+            ready: Condvar::new(),
+            reaper: Condvar::new(),
+            batching: policy.batching,
+            responder: Responder { ordered: policy.preserve_ordering, held: Mutex::default() },
+        });
         let ctx = Arc::new(ctx);
-        let mut workers = Vec::with_capacity(instances.len());
-        for (i, mut instance) in instances.into_iter().enumerate() {
-            let (shared, ctx) = (Arc::clone(&shared), Arc::clone(&ctx));
-            let name = format!("{}-v{}-{i}", ctx.name, ctx.version);
-            let handle = std::thread::Builder::new()
+        let mut workers = Vec::with_capacity(instances.len() + 1);
+        let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
                 .name(name)
-                .spawn(move || {
+                .spawn(f)
+                .map_err(|e| Error::internal(format!("cannot start a scheduler thread: {e}")))
+        };
+        for (i, mut instance) in instances.into_iter().enumerate() {
+            let (shared, ctx2) = (Arc::clone(&shared), Arc::clone(&ctx));
+            workers.push(spawn(
+                format!("{}-v{}-{i}", ctx.name, ctx.version),
+                Box::new(move || {
                     while let Some(jobs) = shared.next_batch() {
-                        batch::run(instance.as_mut(), &ctx, jobs);
+                        batch::run(instance.as_mut(), &ctx2, &shared.responder, jobs);
                     }
-                })
-                .map_err(|e| Error::internal(format!("cannot start an instance thread: {e}")))?;
-            workers.push(handle);
+                }),
+            )?);
+        }
+        if reaper_needed {
+            let shared = Arc::clone(&shared);
+            workers.push(spawn(format!("{}-v{}-reaper", ctx.name, ctx.version), Box::new(move || shared.reap()))?);
         }
         Ok(Scheduler { shared, workers: Mutex::new(workers) })
     }
 
-    /// Queues a request; the receiver gets its one reply.
+    /// Queues a request; the receiver gets its one reply. A full queue answers at once.
     pub fn submit(&self, req: ValidatedRequest) -> Result<Reply, Retired> {
         let (tx, rx) = oneshot::channel();
         let mut q = self.shared.lock();
         if q.stopping {
             return Err(Retired(Box::new(req)));
         }
-        q.jobs.push_back(Job { req, enqueued: Instant::now(), reply: tx });
+        if let Err((error, tx)) = q.push(req, tx, Instant::now()) {
+            let _ = tx.send(Err(error));
+            return Ok(rx);
+        }
         drop(q);
         self.shared.ready.notify_one();
+        self.shared.reaper.notify_one();
         Ok(rx)
     }
 
-    /// Stops taking requests; queued ones still run, then the instance threads end.
+    /// Stops taking requests; queued ones still run, then the threads end.
     pub fn stop(&self) {
         self.shared.lock().stopping = true;
         self.shared.ready.notify_all();
+        self.shared.reaper.notify_all();
     }
 
-    /// Blocks until every instance thread has ended (after `stop`).
+    /// Blocks until every thread has ended (after `stop`).
     pub fn join(&self) {
         let workers = std::mem::take(&mut *self.workers.lock().unwrap_or_else(|p| p.into_inner()));
         for w in workers {

@@ -44,7 +44,8 @@ fn spec(name: &str) -> TensorSpec {
     }
 }
 
-fn scheduler(policy: BatchPolicy, instances: usize, pause: Duration) -> (Scheduler, Arc<Stats>) {
+fn scheduler(batching: BatchPolicy, instances: usize, pause: Duration) -> (Scheduler, Arc<Stats>) {
+    let policy = Policy { batching, queue: QueuePolicy::new(None), preserve_ordering: false };
     let schema = Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")] });
     let stats = Arc::new(Stats::default());
     let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::clone(&stats) };
@@ -62,6 +63,8 @@ fn request(v: i32) -> ValidatedRequest {
         inputs: vec![Some(ModelTensor { shape: vec![1, 2], data: Bytes::from(data) })],
         outputs: vec![OutputRequest { index: 0, classification: None }],
         batch_key: vec![2],
+        priority: 0,
+        timeout_us: None,
     }
 }
 
@@ -121,4 +124,78 @@ async fn abandoned_requests_cost_no_compute() {
     let kept = s.submit(request(2)).ok().unwrap();
     kept.await.unwrap().unwrap();
     assert_eq!(stats.snapshot().inference_count, 1);
+}
+
+/// Pauses as many milliseconds as the first element of its input, then doubles it.
+struct Sleeper;
+
+impl ModelInstance for Sleeper {
+    fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
+        let ms = i32::from_le_bytes(inputs[0].data[..4].try_into().unwrap());
+        std::thread::sleep(Duration::from_millis(ms as u64));
+        Doubler { pause: Duration::ZERO }.execute(inputs, outputs)
+    }
+}
+
+fn scheduler_with(policy: Policy, instances: Vec<Box<dyn ModelInstance>>) -> Scheduler {
+    let schema = Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")] });
+    let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::new(Stats::default()) };
+    Scheduler::start(ctx, policy, instances).unwrap()
+}
+
+#[tokio::test]
+async fn preserve_ordering_answers_in_arrival_order() {
+    let policy = Policy { batching: BatchPolicy::new(8, None), queue: QueuePolicy::new(None), preserve_ordering: true };
+    let s = scheduler_with(policy, vec![Box::new(Sleeper), Box::new(Sleeper)]);
+    let mut slow = s.submit(request(300)).ok().unwrap();
+    let fast = s.submit(request(0)).ok().unwrap();
+    // The fast request ends first on the other instance, but is answered only after the slow one.
+    let resp = fast.await.unwrap().unwrap();
+    assert_eq!(values(&resp.outputs[0]), vec![0, 2]);
+    let first = slow.try_recv().expect("the earlier request was answered first").unwrap();
+    assert_eq!(values(&first.outputs[0]), vec![600, 602]);
+}
+
+#[tokio::test]
+async fn expired_requests_are_rejected_while_the_instance_is_busy() {
+    let db = crate::proto::inference::ModelDynamicBatching {
+        default_queue_policy: Some(crate::proto::inference::ModelQueuePolicy {
+            default_timeout_microseconds: 10_000,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let policy =
+        Policy { batching: BatchPolicy::new(8, None), queue: QueuePolicy::new(Some(&db)), preserve_ordering: false };
+    let s = scheduler_with(policy, vec![Box::new(Sleeper)]);
+    let mut busy = s.submit(request(1000)).ok().unwrap();
+    let queued = s.submit(request(0)).ok().unwrap();
+    let e = queued.await.unwrap().unwrap_err();
+    assert_eq!(e.message(), "Request timeout expired");
+    assert!(busy.try_recv().is_err(), "rejected while the first request still ran");
+    assert!(busy.await.unwrap().is_ok());
+}
+
+#[tokio::test]
+async fn full_queue_rejects_at_once() {
+    let db = crate::proto::inference::ModelDynamicBatching {
+        default_queue_policy: Some(crate::proto::inference::ModelQueuePolicy {
+            max_queue_size: 1,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let policy =
+        Policy { batching: BatchPolicy::new(8, None), queue: QueuePolicy::new(Some(&db)), preserve_ordering: false };
+    let s = scheduler_with(policy, vec![Box::new(Sleeper)]);
+    let running = s.submit(request(200)).ok().unwrap();
+    // Wait until the instance took the first request, so the next one is the only one queued.
+    while s.shared.lock().iter().count() > 0 {
+        tokio::task::yield_now().await;
+    }
+    let queued = s.submit(request(0)).ok().unwrap();
+    let refused = s.submit(request(0)).ok().unwrap().await.unwrap().unwrap_err();
+    assert_eq!(refused.http_status(), 503);
+    assert!(refused.message().contains("Exceeds maximum queue size"));
+    assert!(running.await.unwrap().is_ok() && queued.await.unwrap().is_ok());
 }

@@ -70,6 +70,9 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
         check_dims("output", &o.name, &o.dims, false)?;
         check_reshape("output", &o.name, &o.dims, o.reshape.as_ref(), batching)?;
     }
+    if !cfg.batch_input.is_empty() || !cfg.batch_output.is_empty() {
+        return Err("batch_input and batch_output (ragged batching helpers) are not supported by ferry".into());
+    }
     let mut names: Vec<&str> = cfg.input.iter().map(|i| i.name.as_str()).collect();
     names.sort_unstable();
     if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {

@@ -1,0 +1,208 @@
+//! The queue of one model version: a FIFO per priority level, Triton's queue policy per level
+//! (maximum size, default timeout, per-request timeout override, REJECT or DELAY on expiry), and
+//! the order in which requests are offered to the batcher.
+use std::{
+    collections::VecDeque,
+    time::{Duration, Instant},
+};
+
+use tokio::sync::oneshot;
+
+use crate::{
+    error::{Error, Result},
+    proto::inference::{ModelDynamicBatching, ModelQueuePolicy, model_queue_policy::TimeoutAction},
+    request::InferResponse,
+    validate::ValidatedRequest,
+};
+
+pub(super) struct Job {
+    pub req: ValidatedRequest,
+    pub enqueued: Instant,
+    /// Arrival order, for preserve_ordering.
+    pub seq: u64,
+    pub deadline: Option<Instant>,
+    pub reply: oneshot::Sender<Result<InferResponse>>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LevelPolicy {
+    /// On expiry: reject the request (true), or keep it behind the fresh ones of its level.
+    pub reject: bool,
+    pub default_timeout: Duration,
+    pub allow_override: bool,
+    /// 0 = unbounded.
+    pub max_size: usize,
+}
+
+impl LevelPolicy {
+    fn from(p: Option<&ModelQueuePolicy>) -> Self {
+        let p = p.cloned().unwrap_or_default();
+        LevelPolicy {
+            reject: p.timeout_action != TimeoutAction::Delay as i32,
+            default_timeout: Duration::from_micros(p.default_timeout_microseconds),
+            allow_override: p.allow_timeout_override,
+            max_size: p.max_queue_size as usize,
+        }
+    }
+
+    /// A request's own timeout applies when overrides are allowed and it is shorter than the
+    /// default (or there is no default: unlike Triton, which then ignores it).
+    fn timeout(&self, requested_us: Option<u64>) -> Option<Duration> {
+        let requested = requested_us.filter(|&t| t > 0).map(Duration::from_micros);
+        match (self.allow_override, requested) {
+            (true, Some(r)) if self.default_timeout.is_zero() || r < self.default_timeout => Some(r),
+            _ => (!self.default_timeout.is_zero()).then_some(self.default_timeout),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct QueuePolicy {
+    /// Index 0 = priority level 1 (the highest).
+    pub levels: Vec<LevelPolicy>,
+    pub default_level: usize,
+}
+
+impl QueuePolicy {
+    pub fn new(db: Option<&ModelDynamicBatching>) -> Self {
+        let Some(db) = db else {
+            return QueuePolicy { levels: vec![LevelPolicy::from(None)], default_level: 0 };
+        };
+        let count = db.priority_levels.max(1) as usize;
+        let levels = (1..=count as u64)
+            .map(|l| LevelPolicy::from(db.priority_queue_policy.get(&l).or(db.default_queue_policy.as_ref())))
+            .collect();
+        let default_level = (db.default_priority_level as usize).clamp(1, count) - 1;
+        QueuePolicy { levels, default_level }
+    }
+
+    /// 1 = highest; 0 or past the last level = the default level.
+    fn level_of(&self, priority: u64) -> usize {
+        match priority as usize {
+            0 => self.default_level,
+            p if p > self.levels.len() => self.default_level,
+            p => p - 1,
+        }
+    }
+
+    /// Whether any request can ever time out (then a reaper answers them on time).
+    pub fn has_timeouts(&self) -> bool {
+        self.levels.iter().any(|l| !l.default_timeout.is_zero() || l.allow_override)
+    }
+}
+
+#[derive(Default)]
+struct Level {
+    fresh: VecDeque<Job>,
+    /// Expired under DELAY: served after every fresh request of the level.
+    delayed: VecDeque<Job>,
+}
+
+impl Level {
+    fn len(&self) -> usize {
+        self.fresh.len() + self.delayed.len()
+    }
+}
+
+pub(super) struct Queue {
+    policy: QueuePolicy,
+    levels: Vec<Level>,
+    next_seq: u64,
+    pub stopping: bool,
+}
+
+impl Queue {
+    pub fn new(policy: QueuePolicy) -> Self {
+        let levels = policy.levels.iter().map(|_| Level::default()).collect();
+        Queue { policy, levels, next_seq: 0, stopping: false }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.levels.iter().all(|l| l.len() == 0)
+    }
+
+    /// Enqueues a request at its priority level, or hands it back with the reason it was refused.
+    #[allow(clippy::result_large_err)]
+    pub fn push(
+        &mut self,
+        req: ValidatedRequest,
+        reply: oneshot::Sender<Result<InferResponse>>,
+        now: Instant,
+    ) -> std::result::Result<(), (Error, oneshot::Sender<Result<InferResponse>>)> {
+        let level = self.policy.level_of(req.priority);
+        let policy = &self.policy.levels[level];
+        if policy.max_size > 0 && self.levels[level].len() >= policy.max_size {
+            let id = if req.id.is_empty() { "<id_unknown>" } else { &req.id };
+            return Err((
+                Error::unavailable(format!(
+                    "[request id: {id}] Exceeds maximum queue size (max_queue_size {} of priority level {})",
+                    policy.max_size,
+                    level + 1
+                )),
+                reply,
+            ));
+        }
+        let deadline = policy.timeout(req.timeout_us).map(|t| now + t);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        self.levels[level].fresh.push_back(Job { req, enqueued: now, seq, deadline, reply });
+        Ok(())
+    }
+
+    /// Removes what must not run: requests whose caller went away, and expired ones under REJECT
+    /// (those under DELAY move behind their level's fresh requests). Returns the removed ones with
+    /// the error to answer them with.
+    pub fn sweep(&mut self, now: Instant) -> Vec<(Job, Error)> {
+        let mut out = Vec::new();
+        for (level, policy) in self.levels.iter_mut().zip(&self.policy.levels) {
+            let mut keep = VecDeque::with_capacity(level.fresh.len());
+            for mut job in level.fresh.drain(..) {
+                if job.reply.is_closed() {
+                    out.push((job, Error::new(crate::error::ErrorKind::Cancelled, "request cancelled")));
+                } else if job.deadline.is_some_and(|d| d <= now) {
+                    if policy.reject {
+                        out.push((job, Error::unavailable("Request timeout expired")));
+                    } else {
+                        job.deadline = None;
+                        level.delayed.push_back(job);
+                    }
+                } else {
+                    keep.push_back(job);
+                }
+            }
+            level.fresh = keep;
+            let (gone, delayed): (Vec<Job>, Vec<Job>) = level.delayed.drain(..).partition(|j| j.reply.is_closed());
+            level.delayed = delayed.into();
+            out.extend(
+                gone.into_iter().map(|j| (j, Error::new(crate::error::ErrorKind::Cancelled, "request cancelled"))),
+            );
+        }
+        out
+    }
+
+    /// Requests in the order the batcher takes them: by level, fresh before delayed.
+    pub fn iter(&self) -> impl Iterator<Item = &Job> {
+        self.levels.iter().flat_map(|l| l.fresh.iter().chain(l.delayed.iter()))
+    }
+
+    /// Takes the first `n` requests in `iter` order.
+    pub fn take(&mut self, mut n: usize) -> Vec<Job> {
+        let mut out = Vec::with_capacity(n);
+        for level in &mut self.levels {
+            for q in [&mut level.fresh, &mut level.delayed] {
+                let k = n.min(q.len());
+                out.extend(q.drain(..k));
+                n -= k;
+            }
+        }
+        out
+    }
+
+    /// The earliest instant a queued request expires.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.levels.iter().flat_map(|l| l.fresh.iter().filter_map(|j| j.deadline)).min()
+    }
+}
+
+#[cfg(test)]
+mod tests;
