@@ -38,10 +38,14 @@ pub struct ModelContext {
     pub stats: Arc<Stats>,
 }
 
+/// Replies that arrived before an earlier request's: the next sequence number to answer, and
+/// the held ones by sequence number.
+type Held = (u64, BTreeMap<u64, (Sender, Result<InferResponse>)>);
+
 /// Answers requests; with preserve_ordering, in arrival order whatever order batches end in.
 struct Responder {
     ordered: bool,
-    held: Mutex<(u64, BTreeMap<u64, (Sender, Result<InferResponse>)>)>,
+    held: Mutex<Held>,
 }
 
 impl Responder {
