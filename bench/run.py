@@ -133,6 +133,7 @@ def main():
     p.add_argument("--note", default="")
     p.add_argument("--server-arg", action="append", default=[])
     p.add_argument("--results", default=os.path.join(BENCH, "RESULTS.md"))
+    p.add_argument("--ceiling", action="store_true", help="also measure ONNX Runtime in-process at the batch formed")
     a = p.parse_args()
     os.makedirs(WORK, exist_ok=True)
     http_port, grpc_port = free_port(), free_port()
@@ -155,6 +156,12 @@ def main():
     finally:
         proc.terminate()
         proc.wait(30)
+    if a.ceiling:
+        sys.path.insert(0, BENCH)
+        import ceiling
+        for model, protocol, c, r in rows:
+            onnx = os.path.join(os.path.abspath(a.repo), model, "1", "model.onnx")
+            r["ceiling"] = ceiling.rows_per_second(onnx, max(1, round(r["batch"])))
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
     lines = [
@@ -164,11 +171,13 @@ def main():
     ]
     if a.note:
         lines += ["", a.note]
-    lines += ["", "| model | protocol | concurrency | infer/s | p50 ms | p99 ms | server queue µs | server compute µs | avg batch formed |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    ceiling_head = " ORT in-process at that batch, rows/s |" if a.ceiling else ""
+    lines += ["", "| model | protocol | concurrency | infer/s | p50 ms | p99 ms | server queue µs | server compute µs | avg batch formed |" + ceiling_head,
+              "|---|---|---|---|---|---|---|---|---|" + ("---|" if a.ceiling else "")]
     for model, protocol, c, r in rows:
+        extra = f" {r['ceiling']:.0f} |" if a.ceiling else ""
         lines.append(f"| {model} | {protocol} | {c} | {r['throughput']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | "
-                     f"{r['queue']:.0f} | {r['compute']:.0f} | {r['batch']:.1f} |")
+                     f"{r['queue']:.0f} | {r['compute']:.0f} | {r['batch']:.1f} |" + extra)
     replace_section(a.results, a.title, "\n".join(lines) + "\n")
     print(f"wrote '{a.title}' to {a.results}")
 

@@ -63,6 +63,11 @@ impl OnnxBackend {
         builder = builder.with_intra_threads(intra.unwrap_or(threads)).map_err(ort_err)?;
         let inter = param("inter_op_thread_count").and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
         builder = builder.with_inter_threads(inter.unwrap_or(1)).map_err(ort_err)?;
+        // Idle ONNX Runtime threads spin by default, burning the cores the server and other
+        // instances need between requests; a server is better off letting them sleep.
+        let spinning = param("allow_spinning").is_some_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
+        builder = builder.with_intra_op_spinning(spinning).map_err(ort_err)?;
+        builder = builder.with_inter_op_spinning(spinning).map_err(ort_err)?;
         if param("execution_mode") == Some("1") {
             builder = builder.with_parallel_execution(true).map_err(ort_err)?;
         }
