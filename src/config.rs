@@ -8,6 +8,8 @@ use std::{
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 
+use crate::metrics::MetricsSettings;
+
 #[derive(Parser, Debug)]
 #[command(
     name = "ferry",
@@ -42,9 +44,31 @@ struct ServeArgs {
     /// gRPC port (reserved: the gRPC front-end is not part of this build yet).
     #[arg(long, env = "FERRY_GRPC_PORT", default_value_t = 8001)]
     grpc_port: u16,
-    /// Prometheus metrics port (reserved: the metrics endpoint is not part of this build yet).
+    /// Prometheus metrics port.
     #[arg(long, env = "FERRY_METRICS_PORT", default_value_t = 8002)]
     metrics_port: u16,
+    /// Metrics bind address (default: --http-address).
+    #[arg(long, env = "FERRY_METRICS_ADDRESS")]
+    metrics_address: Option<IpAddr>,
+    /// Serve Prometheus metrics.
+    #[arg(long, env = "FERRY_ALLOW_METRICS", default_value = "true", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
+    allow_metrics: bool,
+    /// GPU utilization, memory and power metrics (through NVML, when a GPU is present).
+    #[arg(long, env = "FERRY_ALLOW_GPU_METRICS", default_value = "true", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
+    allow_gpu_metrics: bool,
+    /// CPU utilization and memory metrics.
+    #[arg(long, env = "FERRY_ALLOW_CPU_METRICS", default_value = "true", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
+    allow_cpu_metrics: bool,
+    /// How often the CPU and GPU metrics are read, in milliseconds.
+    #[arg(long, env = "FERRY_METRICS_INTERVAL_MS", default_value_t = 2000.0)]
+    metrics_interval_ms: f64,
+    /// `counter_latencies=<bool>`, `histogram_latencies=<bool>`, `summary_latencies=<bool>`,
+    /// `summary_quantiles=<q:err,...>` (repeatable), as tritonserver.
+    #[arg(long, env = "FERRY_METRICS_CONFIG", value_delimiter = ';')]
+    metrics_config: Vec<String>,
+    /// Print the autoscaling signal as CloudWatch embedded-metric log lines every N seconds (0 = off).
+    #[arg(long, env = "FERRY_EMF_INTERVAL_SECS", default_value_t = 0)]
+    emf_interval_secs: u64,
     /// Deprecated alias of --disable-auto-complete-config.
     #[arg(long, env = "FERRY_STRICT_MODEL_CONFIG", default_value = "false", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
     strict_model_config: bool,
@@ -92,6 +116,9 @@ pub struct Config {
     pub http_addr: SocketAddr,
     pub grpc_addr: SocketAddr,
     pub metrics_addr: SocketAddr,
+    /// None: no metrics endpoint.
+    pub metrics: Option<MetricsSettings>,
+    pub emf_interval_secs: u64,
     pub auto_complete: bool,
     pub exit_on_error: bool,
     pub strict_readiness: bool,
@@ -140,11 +167,29 @@ impl Config {
                 }
             }
         }
+        let metrics = if a.allow_metrics {
+            let mut m = MetricsSettings {
+                cpu: a.allow_cpu_metrics,
+                gpu: a.allow_gpu_metrics,
+                interval: std::time::Duration::from_secs_f64(a.metrics_interval_ms.max(1.0) / 1000.0),
+                ..MetricsSettings::default()
+            };
+            for setting in &a.metrics_config {
+                m.apply(setting).map_err(|e| {
+                    clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("--metrics-config: {e}\n"))
+                })?;
+            }
+            Some(m)
+        } else {
+            None
+        };
         Ok(Config {
             model_repositories: a.model_repository,
             http_addr: SocketAddr::new(a.http_address, a.http_port),
             grpc_addr: SocketAddr::new(a.http_address, a.grpc_port),
-            metrics_addr: SocketAddr::new(a.http_address, a.metrics_port),
+            metrics_addr: SocketAddr::new(a.metrics_address.unwrap_or(a.http_address), a.metrics_port),
+            metrics,
+            emf_interval_secs: a.emf_interval_secs,
             auto_complete: !(a.disable_auto_complete_config || a.strict_model_config),
             exit_on_error: a.exit_on_error,
             strict_readiness: a.strict_readiness,

@@ -220,7 +220,7 @@ impl Engine {
         let mut validated = match validate(&name, &model.schema, req) {
             Ok(v) => v,
             Err(e) => {
-                model.stats.record_failure(start.elapsed());
+                model.stats.record_failure(start.elapsed(), e.origin());
                 return Err(e);
             }
         };
@@ -257,7 +257,7 @@ impl Engine {
         }
         match &result {
             Ok(_) => model.stats.record_success(start.elapsed()),
-            Err(_) => model.stats.record_failure(start.elapsed()),
+            Err(e) => model.stats.record_failure(start.elapsed(), e.origin()),
         }
         result
     }

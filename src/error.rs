@@ -44,17 +44,44 @@ impl ErrorKind {
     }
 }
 
+/// Where a failed request failed, as Triton's failure metrics count it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Origin {
+    #[default]
+    Other,
+    /// Timed out in the scheduler queue (REJECT policy).
+    Rejected,
+    Cancelled,
+    /// Failed in the model runtime.
+    Backend,
+}
+
+impl Origin {
+    pub const ALL: [Origin; 4] = [Origin::Backend, Origin::Cancelled, Origin::Other, Origin::Rejected];
+
+    /// The `reason` label of `nv_inference_request_failure`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Origin::Other => "OTHER",
+            Origin::Rejected => "REJECTED",
+            Origin::Cancelled => "CANCELED",
+            Origin::Backend => "BACKEND",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Error {
     kind: ErrorKind,
     message: String,
+    origin: Origin,
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error { kind, message: message.into() }
+        Error { kind, message: message.into(), origin: Origin::Other }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidArgument, message)
@@ -74,6 +101,13 @@ impl Error {
     pub fn too_large(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::PayloadTooLarge, message)
     }
+    pub fn with_origin(mut self, origin: Origin) -> Self {
+        self.origin = origin;
+        self
+    }
+    pub fn origin(&self) -> Origin {
+        self.origin
+    }
     pub fn kind(&self) -> ErrorKind {
         self.kind
     }
@@ -88,7 +122,7 @@ impl Error {
     }
     /// Prefixes the message with context, keeping the kind.
     pub fn context(self, prefix: impl fmt::Display) -> Self {
-        Error { kind: self.kind, message: format!("{prefix}: {}", self.message) }
+        Error { kind: self.kind, message: format!("{prefix}: {}", self.message), origin: self.origin }
     }
 }
 

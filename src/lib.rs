@@ -12,6 +12,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod frontend;
+pub mod metrics;
 pub mod model;
 pub mod proto;
 pub mod repository;

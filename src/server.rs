@@ -1,17 +1,15 @@
 //! Wiring: backends, the repository and its registry, the engine, and the listeners; start-up
 //! loading; graceful shutdown (stop taking requests, finish those in flight, release models).
-use std::{future::Future, path::PathBuf, sync::Arc};
+use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
 
-use tokio::net::TcpListener;
+use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 
 use crate::{
     backend::{Backends, identity::IdentityBackend, onnx::OnnxBackend},
     config::Config,
     engine::{EXTENSIONS, Engine, ServerInfo, Services},
-    frontend::{
-        grpc,
-        http::{HttpState, router},
-    },
+    frontend::{self, grpc, http::HttpState},
+    metrics::{FIRST_RESPONSE_BUCKETS, Metrics},
     repository::{
         control::{ControlMode, ModelRepository},
         embedded,
@@ -21,6 +19,91 @@ use crate::{
     settings::{LogControl, Logging, Tracing},
     shm::SharedMemory,
 };
+
+type Service = (&'static str, JoinHandle<Result<(), String>>);
+
+/// Resolves once the stop signal is set.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
+    let listener = TcpListener::bind(addr).await.map_err(|e| format!("cannot listen for {what} on {addr}: {e}"))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!("{what} service listening on {local}");
+    Ok(listener)
+}
+
+/// Serves an axum router until `stop`, with TCP_NODELAY (replies are small and written at once:
+/// Nagle's algorithm would hold them back ~40 ms).
+fn serve_http(
+    listener: TcpListener,
+    app: axum::Router,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<Result<(), String>> {
+    tokio::spawn(async move {
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move { stopped(&mut stop).await })
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
+fn serve_grpc(
+    listener: TcpListener,
+    engine: Arc<Engine>,
+    mut stop: watch::Receiver<bool>,
+) -> JoinHandle<Result<(), String>> {
+    let (inference, health) = grpc::services(engine);
+    let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |tcp| {
+        tcp.inspect(|s| {
+            let _ = s.set_nodelay(true);
+        })
+    });
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(inference)
+            .add_service(health)
+            .serve_with_incoming_shutdown(incoming, async move { stopped(&mut stop).await })
+            .await
+            .map_err(|e| e.to_string())
+    })
+}
+
+/// Reads the machine gauges every interval, and prints EMF lines when asked.
+fn spawn_metrics_tasks(metrics: &Arc<Metrics>, emf_secs: u64, stop: watch::Receiver<bool>) {
+    let (m, mut stop_sampling) = (Arc::clone(metrics), stop.clone());
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(m.settings().interval);
+        loop {
+            tokio::select! {
+                _ = tick.tick() => { let m = Arc::clone(&m); let _ = tokio::task::spawn_blocking(move || m.sample()).await; }
+                () = stopped(&mut stop_sampling) => break,
+            }
+        }
+    });
+    if emf_secs == 0 {
+        return;
+    }
+    let (m, mut stop_emf) = (Arc::clone(metrics), stop);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(emf_secs));
+        loop {
+            tokio::select! {
+                _ = tick.tick() => {
+                    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+                    for line in m.emf_lines(now) {
+                        println!("{line}");
+                    }
+                }
+                () = stopped(&mut stop_emf) => break,
+            }
+        }
+    });
+}
 
 /// Runs the server until `shutdown` completes. Errors are start-up failures, already worded for
 /// the operator.
@@ -45,6 +128,8 @@ pub async fn run(
         auto_complete: config.auto_complete,
         default_max_batch_size: config.default_max_batch_size,
         cores: config.cores,
+        recent_stats: config.metrics.as_ref().is_some_and(|m| m.summary_latencies),
+        histogram: config.metrics.as_ref().filter(|m| m.histogram_latencies).map(|_| FIRST_RESPONSE_BUCKETS.to_vec()),
     };
     let loader = Loader::new(backends, Arc::clone(&registry), options);
     let mode = if config.explicit_model_control { ControlMode::Explicit } else { ControlMode::None };
@@ -62,45 +147,21 @@ pub async fn run(
     };
     let engine = Arc::new(Engine::new(services, info, config.strict_readiness));
 
-    let listener = TcpListener::bind(config.http_addr)
-        .await
-        .map_err(|e| format!("cannot listen for HTTP on {}: {e}", config.http_addr))?;
-    let http_addr = listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!("HTTP KServe v2 service listening on {http_addr}");
+    // Listen first, load second: health answers (not ready) while models load.
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut services: Vec<Service> = Vec::new();
     let state = Arc::new(HttpState { engine: Arc::clone(&engine), max_input_size: config.http_max_input_size });
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut stop_http = stop_rx.clone();
-    let http = tokio::spawn(async move {
-        // Replies are small and written at once: Nagle's algorithm would hold them back ~40 ms.
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        axum::serve(listener, router(state))
-            .with_graceful_shutdown(async move {
-                let _ = stop_http.wait_for(|s| *s).await;
-            })
-            .await
-    });
-
-    let grpc_listener = TcpListener::bind(config.grpc_addr)
-        .await
-        .map_err(|e| format!("cannot listen for gRPC on {}: {e}", config.grpc_addr))?;
-    let grpc_addr = grpc_listener.local_addr().map_err(|e| e.to_string())?;
-    tracing::info!("gRPC KServe v2 service listening on {grpc_addr}");
-    let (inference, health) = grpc::services(Arc::clone(&engine));
-    let mut stop_grpc = stop_rx.clone();
-    let grpc = tokio::spawn(
-        tonic::transport::Server::builder().add_service(inference).add_service(health).serve_with_incoming_shutdown(
-            tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(grpc_listener), |tcp| {
-                tcp.inspect(|s| {
-                    let _ = s.set_nodelay(true);
-                })
-            }),
-            async move {
-                let _ = stop_grpc.wait_for(|s| *s).await;
-            },
-        ),
-    );
+    let http = bind("HTTP KServe v2", config.http_addr).await?;
+    services.push(("HTTP", serve_http(http, frontend::http::router(state), stop_rx.clone())));
+    let grpc = bind("gRPC KServe v2", config.grpc_addr).await?;
+    services.push(("gRPC", serve_grpc(grpc, Arc::clone(&engine), stop_rx.clone())));
+    if let Some(settings) = &config.metrics {
+        let metrics = Metrics::new(settings.clone(), Arc::clone(&registry));
+        let listener = bind("Prometheus metrics", config.metrics_addr).await?;
+        services
+            .push(("metrics", serve_http(listener, frontend::metrics::router(Arc::clone(&metrics)), stop_rx.clone())));
+        spawn_metrics_tasks(&metrics, config.emf_interval_secs, stop_rx.clone());
+    }
 
     let failures = repository.load_startup(&config.load_models).await;
     if !failures.is_empty() && config.exit_on_error {
@@ -114,15 +175,12 @@ pub async fn run(
     tracing::info!("shutting down: finishing requests in flight");
     engine.set_exiting();
     let _ = stop_tx.send(true);
-    match http.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!(error = %e, "HTTP service stopped with an error"),
-        Err(e) => tracing::error!(error = %e, "HTTP service task failed"),
-    }
-    match grpc.await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => tracing::error!(error = %e, "gRPC service stopped with an error"),
-        Err(e) => tracing::error!(error = %e, "gRPC service task failed"),
+    for (name, task) in services {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "{name} service stopped with an error"),
+            Err(e) => tracing::error!(error = %e, "{name} service task failed"),
+        }
     }
     for model in registry.serving(None) {
         repository.loader().unload(&model.name);

@@ -1,10 +1,16 @@
-//! Per model-version statistics in Triton's shape (the statistics extension reads them, the
-//! Prometheus metrics mirror them). Durations in nanoseconds.
+//! Per model-version statistics in Triton's shape: the statistics extension reports them and the
+//! Prometheus metrics are read from them at scrape time, so requests update one place. Durations
+//! in nanoseconds.
 use std::{
-    collections::BTreeMap,
-    sync::Mutex,
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    collections::{BTreeMap, VecDeque},
+    sync::{
+        Mutex,
+        atomic::{AtomicI64, Ordering},
+    },
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
+
+use crate::error::Origin;
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Tally {
@@ -34,7 +40,28 @@ pub struct BatchTally {
     pub compute_output: Tally,
 }
 
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
+/// Recent per-request durations (µs) kept for latency summaries, newest last.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Recent {
+    pub request: VecDeque<f64>,
+    pub queue: VecDeque<f64>,
+    pub compute_input: VecDeque<f64>,
+    pub compute_infer: VecDeque<f64>,
+    pub compute_output: VecDeque<f64>,
+}
+
+const RECENT: usize = 1024;
+
+fn keep(q: &mut VecDeque<f64>, d: Duration, n: usize) {
+    for _ in 0..n {
+        if q.len() == RECENT {
+            q.pop_front();
+        }
+        q.push_back(d.as_secs_f64() * 1e6);
+    }
+}
+
+#[derive(Debug, Default, Clone, PartialEq)]
 pub struct Snapshot {
     /// Milliseconds since the epoch of the last execution; 0 = never.
     pub last_inference_ms: u64,
@@ -42,6 +69,8 @@ pub struct Snapshot {
     pub execution_count: u64,
     pub success: Tally,
     pub fail: Tally,
+    /// Failures by where they failed, in `Origin::ALL` order.
+    pub fail_by_origin: [u64; 4],
     pub queue: Tally,
     pub compute_input: Tally,
     pub compute_infer: Tally,
@@ -50,36 +79,173 @@ pub struct Snapshot {
     pub cache_miss: Tally,
     /// Keyed by executed batch size (rows).
     pub batches: BTreeMap<u64, BatchTally>,
+    /// Requests queued and not yet running.
+    pub pending: i64,
+    /// Requests running on an instance.
+    pub executing: i64,
+    /// Average queue time of the requests that started running in the last minute (µs).
+    pub recent_queue_us: f64,
+    /// Only when summaries are kept.
+    pub recent: Option<Recent>,
+    /// Only when the first-response histogram is kept.
+    pub first_response: Option<Histogram>,
+}
+
+/// Request durations in milliseconds, by bucket upper bound (the last bucket is +Inf).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Histogram {
+    pub bounds: Vec<f64>,
+    /// Per bucket (not cumulative), one more entry than `bounds`.
+    pub counts: Vec<u64>,
+    pub sum_ms: f64,
+}
+
+impl Histogram {
+    pub fn new(bounds: Vec<f64>) -> Self {
+        let counts = vec![0; bounds.len() + 1];
+        Histogram { bounds, counts, sum_ms: 0.0 }
+    }
+
+    fn observe(&mut self, ms: f64) {
+        let i = self.bounds.iter().position(|b| ms <= *b).unwrap_or(self.bounds.len());
+        self.counts[i] += 1;
+        self.sum_ms += ms;
+    }
+}
+
+/// Queue time per 10-second slot, for the last minute.
+#[derive(Debug, Default)]
+struct Window {
+    slots: VecDeque<(u64, Duration, u64)>,
+}
+
+impl Window {
+    const SLOT_SECS: u64 = 10;
+    const SLOTS: u64 = 6;
+
+    fn add(&mut self, now: u64, d: Duration, n: u64) {
+        let slot = now / Self::SLOT_SECS;
+        match self.slots.back_mut() {
+            Some((s, sum, count)) if *s == slot => {
+                *sum += d * n as u32;
+                *count += n;
+            }
+            _ => self.slots.push_back((slot, d * n as u32, n)),
+        }
+        while self.slots.front().is_some_and(|(s, _, _)| *s + Self::SLOTS <= slot) {
+            self.slots.pop_front();
+        }
+    }
+
+    fn average_us(&self, now: u64) -> f64 {
+        let slot = now / Self::SLOT_SECS;
+        let (sum, count) = self
+            .slots
+            .iter()
+            .filter(|(s, _, _)| *s + Self::SLOTS > slot)
+            .fold((Duration::ZERO, 0), |(a, b), (_, d, n)| (a + *d, b + n));
+        if count == 0 { 0.0 } else { sum.as_secs_f64() * 1e6 / count as f64 }
+    }
 }
 
 #[derive(Debug, Default)]
+struct Inner {
+    snap: Snapshot,
+    window: Window,
+}
+
+#[derive(Debug)]
 pub struct Stats {
-    inner: Mutex<Snapshot>,
+    inner: Mutex<Inner>,
+    pending: AtomicI64,
+    executing: AtomicI64,
+    epoch: Instant,
+}
+
+impl Default for Stats {
+    fn default() -> Self {
+        Stats::new(false, None)
+    }
 }
 
 impl Stats {
-    pub fn snapshot(&self) -> Snapshot {
-        self.lock().clone()
+    /// `keep_recent`: also keep recent durations for latency summaries; `histogram`: bucket
+    /// bounds (ms) of a request-duration histogram to keep.
+    pub fn new(keep_recent: bool, histogram: Option<Vec<f64>>) -> Self {
+        let snap = Snapshot {
+            recent: keep_recent.then(Recent::default),
+            first_response: histogram.map(Histogram::new),
+            ..Default::default()
+        };
+        let inner = Inner { snap, ..Default::default() };
+        Stats {
+            inner: Mutex::new(inner),
+            pending: AtomicI64::new(0),
+            executing: AtomicI64::new(0),
+            epoch: Instant::now(),
+        }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Snapshot> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now_secs(&self) -> u64 {
+        self.epoch.elapsed().as_secs()
+    }
+
+    pub fn snapshot(&self) -> Snapshot {
+        let now = self.now_secs();
+        let inner = self.lock();
+        let mut s = inner.snap.clone();
+        s.pending = self.pending.load(Ordering::Relaxed);
+        s.executing = self.executing.load(Ordering::Relaxed);
+        s.recent_queue_us = inner.window.average_us(now);
+        s
+    }
+
+    /// A request entered (+1) or left (-1) the queue without running.
+    pub fn queued(&self, delta: i64) {
+        self.pending.fetch_add(delta, Ordering::Relaxed);
+    }
+
+    /// `n` queued requests started (+) or finished (-) running.
+    pub fn running(&self, n: i64) {
+        if n > 0 {
+            self.pending.fetch_sub(n, Ordering::Relaxed);
+        }
+        self.executing.fetch_add(n, Ordering::Relaxed);
     }
 
     /// A request answered successfully, `total` from arrival in the engine to the reply.
     pub fn record_success(&self, total: Duration) {
-        self.lock().success.add(1, total);
+        let mut inner = self.lock();
+        inner.snap.success.add(1, total);
+        if let Some(r) = &mut inner.snap.recent {
+            keep(&mut r.request, total, 1);
+        }
+        if let Some(h) = &mut inner.snap.first_response {
+            h.observe(total.as_secs_f64() * 1e3);
+        }
     }
 
-    pub fn record_failure(&self, total: Duration) {
-        self.lock().fail.add(1, total);
+    pub fn record_failure(&self, total: Duration, origin: Origin) {
+        let mut inner = self.lock();
+        inner.snap.fail.add(1, total);
+        let i = Origin::ALL.iter().position(|o| *o == origin).unwrap_or(2);
+        inner.snap.fail_by_origin[i] += 1;
     }
 
     /// One execution of `rows` rows made of requests that waited `queued` each.
     pub fn record_execution(&self, rows: u64, queued: &[Duration], phases: PhaseTimes) {
         let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let mut s = self.lock();
+        let now = self.now_secs();
+        let mut inner = self.lock();
         let n = queued.len() as u64;
+        for q in queued {
+            inner.window.add(now, *q, 1);
+        }
+        let s = &mut inner.snap;
         s.last_inference_ms = now_ms;
         s.inference_count += rows;
         s.execution_count += 1;
@@ -93,6 +259,14 @@ impl Stats {
         b.compute_input.add(1, phases.input);
         b.compute_infer.add(1, phases.infer);
         b.compute_output.add(1, phases.output);
+        if let Some(r) = &mut s.recent {
+            for q in queued {
+                keep(&mut r.queue, *q, 1);
+            }
+            keep(&mut r.compute_input, phases.input, n as usize);
+            keep(&mut r.compute_infer, phases.infer, n as usize);
+            keep(&mut r.compute_output, phases.output, n as usize);
+        }
     }
 }
 
@@ -102,12 +276,16 @@ mod tests {
 
     #[test]
     fn execution_counts_requests_and_batches() {
-        let stats = Stats::default();
+        let stats = Stats::new(true, Some(vec![1.0, 10.0]));
         let ms = Duration::from_millis(1);
         let phases = PhaseTimes { input: ms, infer: 2 * ms, output: ms };
+        stats.queued(2);
+        stats.running(2);
         stats.record_execution(5, &[ms, 2 * ms], phases);
+        stats.running(-2);
         stats.record_success(3 * ms);
         stats.record_success(3 * ms);
+        stats.record_failure(ms, Origin::Rejected);
         let s = stats.snapshot();
         assert_eq!(s.inference_count, 5);
         assert_eq!(s.execution_count, 1);
@@ -115,6 +293,21 @@ mod tests {
         assert_eq!(s.compute_infer, Tally { count: 2, ns: 4_000_000 });
         assert_eq!(s.batches[&5].compute_infer, Tally { count: 1, ns: 2_000_000 });
         assert_eq!(s.success.count, 2);
+        assert_eq!(s.fail_by_origin, [0, 0, 0, 1]);
+        assert_eq!((s.pending, s.executing), (0, 0));
+        assert!((s.recent_queue_us - 1500.0).abs() < 1e-6);
+        assert_eq!(s.recent.unwrap().compute_infer.len(), 2);
+        assert_eq!(s.first_response.unwrap().counts, vec![0, 2, 0]);
         assert!(s.last_inference_ms > 0);
+    }
+
+    #[test]
+    fn the_queue_window_forgets_after_a_minute() {
+        let mut w = Window::default();
+        w.add(0, Duration::from_micros(100), 1);
+        w.add(15, Duration::from_micros(300), 1);
+        assert!((w.average_us(15) - 200.0).abs() < 1e-6);
+        assert!((w.average_us(65) - 300.0).abs() < 1e-6);
+        assert_eq!(w.average_us(200), 0.0);
     }
 }

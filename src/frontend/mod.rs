@@ -4,3 +4,4 @@ pub mod grpc;
 pub mod http;
 pub mod http_ext;
 pub mod json;
+pub mod metrics;

@@ -24,6 +24,10 @@ pub struct LoadOptions {
     pub default_max_batch_size: i32,
     /// Cores shared by a model's instances.
     pub cores: usize,
+    /// Keep recent durations per version (for latency summaries).
+    pub recent_stats: bool,
+    /// Keep a request-duration histogram per version, with these bucket bounds (ms).
+    pub histogram: Option<Vec<f64>>,
 }
 
 pub struct Loader {
@@ -71,11 +75,11 @@ impl Loader {
         let prepared = Arc::new(prepared);
         let mut tasks = Vec::new();
         for &version in &prepared.versions {
-            let (prepared, dir, cores, name) =
-                (Arc::clone(&prepared), dir.to_path_buf(), self.options.cores, name.to_string());
+            let (prepared, dir, options, name) =
+                (Arc::clone(&prepared), dir.to_path_buf(), self.options.clone(), name.to_string());
             tasks.push((
                 version,
-                tokio::task::spawn_blocking(move || load_version(&name, &prepared, &dir, version, cores)),
+                tokio::task::spawn_blocking(move || load_version(&name, &prepared, &dir, version, &options)),
             ));
         }
         let mut outcomes = BTreeMap::new();
@@ -167,8 +171,9 @@ fn load_version(
     p: &Prepared,
     dir: &Path,
     version: u64,
-    cores: usize,
+    options: &LoadOptions,
 ) -> std::result::Result<ModelVersion, String> {
+    let cores = options.cores;
     let path = model_path(dir, version, &p.config);
     if p.backend.name() == "onnxruntime" && !path.exists() {
         return Err(format!("model file '{}' does not exist", path.display()));
@@ -197,7 +202,7 @@ fn load_version(
         }
     }
     let schema = Arc::new(Schema::from_config(&p.config, p.labels.clone()).map_err(|e| e.to_string())?);
-    let stats = Arc::new(Stats::default());
+    let stats = Arc::new(Stats::new(options.recent_stats, options.histogram.clone()));
     let dynamic = match &p.config.scheduling_choice {
         Some(SchedulingChoice::DynamicBatching(db)) => Some(db),
         _ => None,

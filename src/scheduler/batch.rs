@@ -8,7 +8,7 @@ use super::{Job, ModelContext, Responder};
 use crate::{
     backend::{BackendInput, ModelInstance},
     classify::classify,
-    error::{Error, Result},
+    error::{Error, Origin, Result},
     model::{Schema, TensorSpec},
     request::InferResponse,
     stats::PhaseTimes,
@@ -47,7 +47,7 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
         .collect();
     let names: Vec<&str> = wanted.iter().map(|&i| schema.outputs[i].name.as_str()).collect();
     let input_done = Instant::now();
-    let result = instance.execute(&inputs, &names);
+    let result = instance.execute(&inputs, &names).map_err(|e| e.with_origin(Origin::Backend));
     let infer_done = Instant::now();
     drop(inputs);
     drop(assembled);
@@ -55,6 +55,7 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
         Ok(outs) => outs,
         Err(e) => {
             tracing::debug!(model = %ctx.name, version = ctx.version, error = %e, "batch failed");
+            ctx.stats.running(-(jobs.len() as i64));
             for job in jobs {
                 responder.send(job.seq, job.reply, Err(e.clone()));
             }
@@ -73,6 +74,7 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
     let queued: Vec<_> = replies.iter().map(|(j, _)| start.saturating_duration_since(j.enqueued)).collect();
     let phases = PhaseTimes { input: input_done - start, infer: infer_done - input_done, output: infer_done.elapsed() };
     ctx.stats.record_execution(rows as u64, &queued, phases);
+    ctx.stats.running(-(replies.len() as i64));
     for (job, response) in replies {
         responder.send(job.seq, job.reply, response);
     }

@@ -73,6 +73,8 @@ struct Shared {
     reaper: Condvar,
     batching: BatchPolicy,
     responder: Responder,
+    /// Pending and executing gauges.
+    stats: Arc<Stats>,
 }
 
 impl Shared {
@@ -82,6 +84,7 @@ impl Shared {
 
     fn answer_swept(&self, q: &mut Queue, now: Instant) {
         for (job, error) in q.sweep(now) {
+            self.stats.queued(-1);
             tracing::debug!(request = %job.req.id, reason = %error, "request left the queue unrun");
             self.responder.send(job.seq, job.reply, Err(error));
         }
@@ -98,6 +101,7 @@ impl Shared {
             let wake = match batcher::decide(&self.batching, pending, now, q.stopping) {
                 batcher::Decision::Run(n) => {
                     let jobs = q.take(n);
+                    self.stats.running(jobs.len() as i64);
                     if !q.is_empty() {
                         self.ready.notify_one();
                     }
@@ -160,6 +164,7 @@ impl Scheduler {
             reaper: Condvar::new(),
             batching: policy.batching,
             responder: Responder { ordered: policy.preserve_ordering, held: Mutex::default() },
+            stats: Arc::clone(&ctx.stats),
         });
         let ctx = Arc::new(ctx);
         let mut workers = Vec::with_capacity(instances.len() + 1);
@@ -198,6 +203,7 @@ impl Scheduler {
             let _ = tx.send(Err(error));
             return Ok(rx);
         }
+        self.shared.stats.queued(1);
         drop(q);
         self.shared.ready.notify_one();
         self.shared.reaper.notify_one();

@@ -9,7 +9,7 @@ use std::{
 use tokio::sync::oneshot;
 
 use crate::{
-    error::{Error, Result},
+    error::{Error, ErrorKind, Origin, Result},
     proto::inference::{ModelDynamicBatching, ModelQueuePolicy, model_queue_policy::TimeoutAction},
     request::InferResponse,
     validate::ValidatedRequest,
@@ -91,6 +91,10 @@ impl QueuePolicy {
     }
 }
 
+fn cancelled() -> Error {
+    Error::new(ErrorKind::Cancelled, "request cancelled").with_origin(Origin::Cancelled)
+}
+
 #[derive(Default)]
 struct Level {
     fresh: VecDeque<Job>,
@@ -163,10 +167,10 @@ impl Queue {
             let mut keep = VecDeque::with_capacity(level.fresh.len());
             for mut job in level.fresh.drain(..) {
                 if job.reply.is_closed() {
-                    out.push((job, Error::new(crate::error::ErrorKind::Cancelled, "request cancelled")));
+                    out.push((job, cancelled()));
                 } else if job.deadline.is_some_and(|d| d <= now) {
                     if policy.reject {
-                        out.push((job, Error::unavailable("Request timeout expired")));
+                        out.push((job, Error::unavailable("Request timeout expired").with_origin(Origin::Rejected)));
                     } else {
                         job.deadline = None;
                         level.delayed.push_back(job);
@@ -178,9 +182,7 @@ impl Queue {
             level.fresh = keep;
             let (gone, delayed): (Vec<Job>, Vec<Job>) = level.delayed.drain(..).partition(|j| j.reply.is_closed());
             level.delayed = delayed.into();
-            out.extend(
-                gone.into_iter().map(|j| (j, Error::new(crate::error::ErrorKind::Cancelled, "request cancelled"))),
-            );
+            out.extend(gone.into_iter().map(|j| (j, cancelled())));
         }
         out
     }

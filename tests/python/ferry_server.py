@@ -12,7 +12,7 @@ import tritonclient.http as httpclient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BINARY = os.environ.get("FERRY_BIN", os.path.join(ROOT, "target", "debug", "ferry"))
-LISTENING = re.compile(r"(HTTP|gRPC) KServe v2 service listening on ([\d.]+):(\d+)")
+LISTENING = re.compile(r"(HTTP KServe v2|gRPC KServe v2|Prometheus metrics|Vertex AI|SageMaker) service listening on ([\d.]+):(\d+)")
 
 
 class Server:
@@ -21,13 +21,13 @@ class Server:
     def __init__(self, args=(), env=None, wait_ready=True, timeout=60, expect_exit=False):
         full_env = dict(os.environ)
         full_env.update(env or {})
-        self.cmd = [BINARY, "serve", "--http-address=127.0.0.1", "--http-port=0", "--grpc-port=0", *args]
+        self.cmd = [BINARY, "serve", "--http-address=127.0.0.1", "--http-port=0", "--grpc-port=0", "--metrics-port=0", *args]
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=full_env, text=True)
         self.lines = []
-        self.port = None
-        self.grpc_port = None
+        self.ports = {}
         self._seen = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         if expect_exit:
             return
         self._wait_port(timeout)
@@ -39,10 +39,8 @@ class Server:
             with self._seen:
                 self.lines.append(line)
                 m = LISTENING.search(line)
-                if m and m.group(1) == "HTTP":
-                    self.port = int(m.group(3))
-                elif m:
-                    self.grpc_port = int(m.group(3))
+                if m:
+                    self.ports[m.group(1)] = int(m.group(3))
                 self._seen.notify_all()
         with self._seen:
             self._seen.notify_all()
@@ -50,10 +48,27 @@ class Server:
     def _wait_port(self, timeout):
         deadline = time.time() + timeout
         with self._seen:
-            while self.port is None or self.grpc_port is None:
+            while not {"HTTP KServe v2", "gRPC KServe v2"} <= set(self.ports):
                 if self.proc.poll() is not None or time.time() > deadline:
                     raise RuntimeError(f"ferry did not start: {self.cmd}\n{self.log()}")
                 self._seen.wait(0.1)
+
+    @property
+    def port(self):
+        return self.ports.get("HTTP KServe v2")
+
+    @property
+    def grpc_port(self):
+        return self.ports.get("gRPC KServe v2")
+
+    @property
+    def metrics_port(self):
+        return self.ports.get("Prometheus metrics")
+
+    def metrics(self):
+        """The /metrics text."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as r:
+            return r.read().decode()
 
     @property
     def url(self):
@@ -68,6 +83,15 @@ class Server:
 
     def grpc_client(self):
         return grpcclient.InferenceServerClient(self.grpc_url)
+
+    def wait_log(self, text, timeout=10):
+        """Waits until `text` appears in the output (lines are read on another thread)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if text in self.log():
+                return True
+            time.sleep(0.02)
+        return False
 
     def log(self):
         with self._seen:
@@ -94,10 +118,7 @@ class Server:
     def wait_exit(self, timeout=60):
         """Waits for the process to end (and its output to be read); returns its exit code."""
         code = self.proc.wait(timeout)
-        deadline = time.time() + 5
-        while not self.proc.stdout.closed and time.time() < deadline:
-            time.sleep(0.02)
-        time.sleep(0.1)
+        self._reader.join(5)
         return code
 
     def stop(self):
@@ -108,6 +129,7 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        self._reader.join(5)
 
     def __enter__(self):
         return self

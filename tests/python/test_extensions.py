@@ -199,7 +199,7 @@ def test_log_settings_change_at_run_time():
             assert settings["log_verbose_level"]["uint32_param"] == 1
             http.unregister_system_shared_memory()
             http.register_system_shared_memory("r", key, 8)
-            assert "registered system shared memory" in s.log()
+            assert s.wait_log("registered system shared memory")
             http.unregister_system_shared_memory()
         finally:
             shm.destroy_shared_memory_region(h)
