@@ -8,7 +8,11 @@ use std::{
 
 use clap::{ArgAction, Args, Parser, Subcommand};
 
-use crate::metrics::MetricsSettings;
+use crate::{
+    metrics::MetricsSettings,
+    settings::TraceSettings,
+    telemetry::{LogFormat, otel::OtlpSettings},
+};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -81,6 +85,15 @@ struct ServeArgs {
     /// Ready only when every model is ready.
     #[arg(long, env = "FERRY_STRICT_READINESS", default_value = "true", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
     strict_readiness: bool,
+    /// `default` or `ISO8601` (Triton's line formats), or `json` (one object per line, with the
+    /// fields Cloud Logging and CloudWatch read).
+    #[arg(long, env = "FERRY_LOG_FORMAT", default_value = "default", value_parser = ["default", "ISO8601", "json"])]
+    log_format: String,
+    /// Request tracing as tritonserver's: `mode=opentelemetry`, `rate=N`, `level=TIMESTAMPS`,
+    /// `count=N`, `opentelemetry,url=HOST:PORT/v1/traces`, `opentelemetry,protocol=grpc`,
+    /// `opentelemetry,resource=key=value` (repeatable). The OTEL_EXPORTER_OTLP_* variables work too.
+    #[arg(long, env = "FERRY_TRACE_CONFIG", value_delimiter = ';')]
+    trace_config: Vec<String>,
     /// Verbose logging level (0 = off).
     #[arg(long, env = "FERRY_LOG_VERBOSE", default_value_t = 0)]
     log_verbose: u32,
@@ -127,6 +140,11 @@ pub struct Config {
     pub load_models: Vec<String>,
     pub allow_client_shm: bool,
     pub log_verbose: u32,
+    pub log_format: LogFormat,
+    /// Where request traces go; None = no tracing.
+    pub otlp: Option<OtlpSettings>,
+    /// Trace settings at start (the trace extension changes them at run time).
+    pub trace: TraceSettings,
     /// RUST_LOG, when set: a tracing filter that overrides --log-verbose.
     pub log_filter: Option<String>,
     pub http_max_input_size: usize,
@@ -167,6 +185,8 @@ impl Config {
                 }
             }
         }
+        let (otlp, trace) = tracing_settings(&a.trace_config, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+            .map_err(|e| clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("--trace-config: {e}\n")))?;
         let metrics = if a.allow_metrics {
             let mut m = MetricsSettings {
                 cpu: a.allow_cpu_metrics,
@@ -197,6 +217,13 @@ impl Config {
             load_models: a.load_model,
             allow_client_shm: a.allow_client_shm,
             log_verbose: a.log_verbose,
+            log_format: match a.log_format.as_str() {
+                "json" => LogFormat::Json,
+                "ISO8601" => LogFormat::Iso8601,
+                _ => LogFormat::Default,
+            },
+            otlp,
+            trace,
             log_filter: std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty()),
             http_max_input_size: a.http_max_input_size,
             onnxruntime_library: a
@@ -209,9 +236,116 @@ impl Config {
     }
 }
 
+/// Folds `--trace-config` entries and the standard OTEL_* variables into where traces go and the
+/// initial trace settings. With an exporter and no level given, requests are traced at
+/// TIMESTAMPS level (1 in `rate`, 1000 by default as in Triton).
+fn tracing_settings(
+    entries: &[String],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<(Option<OtlpSettings>, TraceSettings), String> {
+    let mut trace = TraceSettings::default();
+    let (mut url, mut protocol, mut resource, mut level_given) = (None::<String>, None::<String>, Vec::new(), false);
+    let mut opentelemetry = false;
+    for e in entries {
+        let (scope, kv) = match e.split_once(',') {
+            Some((scope, kv)) if !scope.contains('=') => (scope, kv),
+            _ => ("", e.as_str()),
+        };
+        let (key, value) = kv.split_once('=').ok_or_else(|| format!("expected key=value, got '{e}'"))?;
+        match (scope, key) {
+            ("", "mode") if value == "opentelemetry" => opentelemetry = true,
+            ("", "mode") => return Err(format!("mode '{value}' is not supported; use mode=opentelemetry")),
+            ("", "rate") => trace.trace_rate = value.to_string(),
+            ("", "count") => trace.trace_count = value.to_string(),
+            ("", "level") => {
+                if !level_given {
+                    trace.trace_level.clear();
+                    level_given = true;
+                }
+                trace.trace_level.push(value.to_string());
+            }
+            ("opentelemetry", "url") => url = Some(value.to_string()),
+            ("opentelemetry", "protocol") => protocol = Some(value.to_string()),
+            ("opentelemetry", "resource") => {
+                let (k, v) = value.split_once('=').ok_or_else(|| format!("resource needs key=value, got '{value}'"))?;
+                resource.push((k.to_string(), v.to_string()));
+            }
+            _ => return Err(format!("unknown trace setting '{e}'")),
+        }
+    }
+    let protocol =
+        protocol.or_else(|| env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")).or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"));
+    let http = match protocol.as_deref() {
+        None => url.is_some(), // Triton's --trace-config url is an OTLP/HTTP endpoint
+        Some("grpc") => false,
+        Some("http/protobuf") => true,
+        Some(other) => return Err(format!("OTLP protocol '{other}' is not supported (grpc or http/protobuf)")),
+    };
+    let endpoint = url
+        .map(|u| if u.starts_with("http") { u } else { format!("http://{u}") })
+        .or_else(|| env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+        .or_else(|| {
+            env("OTEL_EXPORTER_OTLP_ENDPOINT")
+                .map(|e| if http { format!("{}/v1/traces", e.trim_end_matches('/')) } else { e })
+        });
+    let Some(endpoint) = endpoint else {
+        if opentelemetry {
+            return Err("mode=opentelemetry needs opentelemetry,url=... or OTEL_EXPORTER_OTLP_ENDPOINT".into());
+        }
+        return Ok((None, trace));
+    };
+    if !level_given {
+        trace.trace_level = vec!["TIMESTAMPS".into()];
+    }
+    trace.trace_mode = "opentelemetry".into();
+    if let Some(attrs) = env("OTEL_RESOURCE_ATTRIBUTES") {
+        resource.extend(
+            attrs.split(',').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.trim().into(), v.trim().into())),
+        );
+    }
+    let service_name = env("OTEL_SERVICE_NAME").unwrap_or_else(|| "ferry".into());
+    Ok((Some(OtlpSettings { endpoint, http, service_name, resource }), trace))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tracing_from_flags_and_environment() {
+        let none = |_: &str| None;
+        let (otlp, trace) = tracing_settings(&[], &none).unwrap();
+        assert!(otlp.is_none());
+        assert_eq!(trace.trace_level, vec!["OFF"]);
+        let flags: Vec<String> = [
+            "mode=opentelemetry",
+            "opentelemetry,url=localhost:4318/v1/traces",
+            "rate=1",
+            "opentelemetry,resource=team=ml",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let (otlp, trace) = tracing_settings(&flags, &none).unwrap();
+        let otlp = otlp.unwrap();
+        assert_eq!(otlp.endpoint, "http://localhost:4318/v1/traces");
+        assert!(otlp.http);
+        assert_eq!(otlp.resource, vec![("team".to_string(), "ml".to_string())]);
+        assert_eq!((trace.trace_rate.as_str(), trace.trace_level.clone()), ("1", vec!["TIMESTAMPS".to_string()]));
+        let env = |k: &str| match k {
+            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://collector:4317".to_string()),
+            "OTEL_SERVICE_NAME" => Some("svc".to_string()),
+            _ => None,
+        };
+        let (otlp, _) = tracing_settings(&[], &env).unwrap();
+        let otlp = otlp.unwrap();
+        assert_eq!(
+            (otlp.endpoint.as_str(), otlp.http, otlp.service_name.as_str()),
+            ("http://collector:4317", false, "svc")
+        );
+        assert!(tracing_settings(&["mode=opentelemetry".to_string()], &none).is_err());
+        assert!(tracing_settings(&["bogus".to_string()], &none).is_err());
+    }
 
     #[test]
     fn defaults_match_tritonserver() {

@@ -18,8 +18,9 @@ use crate::{
     settings::{Logging, TraceSettings, TraceUpdate, Tracing},
     shm::SharedMemory,
     stats::Snapshot,
+    telemetry::otel,
     tensor::DataType,
-    validate::validate,
+    validate::{ValidatedRequest, validate},
 };
 
 /// The extensions this server implements, in Triton's order.
@@ -86,12 +87,25 @@ pub struct Engine {
     info: ServerInfo,
     strict_readiness: bool,
     phase: AtomicU8,
+    /// Request traces are exported (OpenTelemetry configured).
+    traces: bool,
 }
 
 impl Engine {
-    pub fn new(services: Services, info: ServerInfo, strict_readiness: bool) -> Self {
+    pub fn new(services: Services, info: ServerInfo, strict_readiness: bool, traces: bool) -> Self {
         let registry = Arc::clone(services.repository.loader().registry());
-        Engine { registry, services, info, strict_readiness, phase: AtomicU8::new(STARTING) }
+        Engine { registry, services, info, strict_readiness, phase: AtomicU8::new(STARTING), traces }
+    }
+
+    /// The span of a request when it is to be traced: the caller's `traceparent` asked for it,
+    /// or the trace settings (level, rate, count) pick it.
+    fn trace_span(&self, req: &InferRequest, version: u64) -> tracing::Span {
+        let traceparent = req.trace_parent.as_deref();
+        if self.traces && (otel::sampled_by_caller(traceparent) || self.services.tracing.sample(&req.model_name)) {
+            otel::request_span(&req.model_name, version, &req.id, traceparent)
+        } else {
+            tracing::Span::none()
+        }
     }
 
     pub fn registry(&self) -> &Arc<Registry> {
@@ -217,8 +231,10 @@ impl Engine {
         let shm_targets: Vec<(String, ShmRef)> =
             req.outputs.iter().filter_map(|o| Some((o.name.clone(), o.shm.clone()?))).collect();
         let mut model = self.registry.resolve(&name, version)?;
+        // Lives until the reply is ready; the scheduler hangs the queue and compute spans on it.
+        let span = self.trace_span(&req, model.version);
         let mut validated = match validate(&name, &model.schema, req) {
-            Ok(v) => v,
+            Ok(v) => ValidatedRequest { span: span.clone(), ..v },
             Err(e) => {
                 model.stats.record_failure(start.elapsed(), e.origin());
                 return Err(e);

@@ -8,7 +8,6 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    let log_control = telemetry::init(config.log_verbose, config.log_filter.as_deref());
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -16,13 +15,20 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(server::run(config, Some(log_control), shutdown_signal())) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            tracing::error!("{e}");
-            ExitCode::FAILURE
+    runtime.block_on(async {
+        // Inside the runtime: the OTLP exporter runs on it.
+        let telemetry =
+            telemetry::init(config.log_verbose, config.log_filter.as_deref(), config.log_format, config.otlp.as_ref());
+        let result = server::run(config, Some(telemetry.control.clone()), telemetry.tracing(), shutdown_signal()).await;
+        telemetry.shutdown().await;
+        match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                tracing::error!("{e}");
+                ExitCode::FAILURE
+            }
         }
-    }
+    })
 }
 
 /// Ctrl-C or SIGTERM (what container platforms send before they stop a container).

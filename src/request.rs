@@ -64,6 +64,8 @@ pub struct InferRequest {
     pub inputs: Vec<InputTensor>,
     /// Empty: every output of the model, in config order.
     pub outputs: Vec<RequestedOutput>,
+    /// The caller's W3C `traceparent`, to continue its trace.
+    pub trace_parent: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]

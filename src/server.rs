@@ -110,6 +110,7 @@ fn spawn_metrics_tasks(metrics: &Arc<Metrics>, emf_secs: u64, stop: watch::Recei
 pub async fn run(
     config: Config,
     log_control: Option<Arc<dyn LogControl>>,
+    traces: bool,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     let (roots, _extracted) = repositories(&config)?;
@@ -142,10 +143,10 @@ pub async fn run(
     let services = Services {
         repository: Arc::clone(&repository),
         logging: Logging::new(config.log_verbose, log_control),
-        tracing: Tracing::default(),
+        tracing: Tracing::new(config.trace.clone()),
         shm: SharedMemory::new(config.allow_client_shm),
     };
-    let engine = Arc::new(Engine::new(services, info, config.strict_readiness));
+    let engine = Arc::new(Engine::new(services, info, config.strict_readiness, traces));
 
     // Listen first, load second: health answers (not ready) while models load.
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -127,6 +127,7 @@ struct TraceOverride {
 pub struct Tracing {
     global: Mutex<TraceSettings>,
     models: Mutex<BTreeMap<String, TraceOverride>>,
+    seen: std::sync::atomic::AtomicU64,
 }
 
 fn check_number(key: &str, v: &str, min: i64) -> Result<()> {
@@ -150,6 +151,33 @@ fn check_levels(levels: &[String]) -> Result<()> {
 }
 
 impl Tracing {
+    pub fn new(initial: TraceSettings) -> Self {
+        Tracing { global: Mutex::new(initial), ..Default::default() }
+    }
+
+    /// Whether to trace the next request of `model`: its level is not OFF, it is the `rate`-th
+    /// request, and `trace_count` (-1 = unlimited) is not used up (each trace uses one).
+    pub fn sample(&self, model: &str) -> bool {
+        let s = self.get(Some(model));
+        if s.trace_level.iter().any(|l| l == "OFF") || s.trace_level.is_empty() {
+            return false;
+        }
+        let rate = s.trace_rate.parse::<u64>().unwrap_or(1000).max(1);
+        let n = self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if n % rate != 0 {
+            return false;
+        }
+        let mut g = self.global.lock().unwrap_or_else(|p| p.into_inner());
+        match g.trace_count.parse::<i64>() {
+            Ok(0) => false,
+            Ok(n) if n > 0 => {
+                g.trace_count = (n - 1).to_string();
+                true
+            }
+            _ => true,
+        }
+    }
+
     /// The settings that apply to `model` (its overrides over the global ones), or the global ones.
     pub fn get(&self, model: Option<&str>) -> TraceSettings {
         let mut s = self.global.lock().unwrap_or_else(|p| p.into_inner()).clone();
@@ -230,6 +258,20 @@ mod tests {
         let e = l.update(LogUpdate { log_format: Some("json".into()), ..Default::default() }).unwrap_err();
         assert_eq!(e.message(), "invalid argument for --log_format, got: json");
         assert_eq!(l.get().log_verbose_level, 2);
+    }
+
+    #[test]
+    fn sampling_follows_level_rate_and_count() {
+        let t = Tracing::new(TraceSettings {
+            trace_level: vec!["TIMESTAMPS".into()],
+            trace_rate: "2".into(),
+            trace_count: "2".into(),
+            ..Default::default()
+        });
+        let picked: Vec<bool> = (0..8).map(|_| t.sample("m")).collect();
+        assert_eq!(picked, vec![false, true, false, true, false, false, false, false]);
+        assert_eq!(t.get(None).trace_count, "0");
+        assert!(!Tracing::default().sample("m"), "OFF by default");
     }
 
     #[test]

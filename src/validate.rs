@@ -41,6 +41,8 @@ pub struct ValidatedRequest {
     pub priority: u64,
     /// The `timeout` parameter, in microseconds.
     pub timeout_us: Option<u64>,
+    /// The request's trace span (disabled when the request is not traced).
+    pub span: tracing::Span,
 }
 
 pub fn validate(model: &str, schema: &Schema, req: InferRequest) -> Result<ValidatedRequest> {
@@ -78,6 +80,7 @@ pub fn validate(model: &str, schema: &Schema, req: InferRequest) -> Result<Valid
         batch_key,
         priority,
         timeout_us,
+        span: tracing::Span::none(),
     })
 }
 

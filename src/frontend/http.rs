@@ -237,13 +237,14 @@ async fn infer_inner(
             Error::invalid(format!("Inference-Header-Content-Length must be a non-negative integer, got '{v}'"))
         })?),
     };
-    let (request, format) = if header_len == Some(0) {
+    let (mut request, format) = if header_len == Some(0) {
         let meta = s.engine.model_metadata(&model, version)?;
         let batching = s.engine.model_config(&model, version)?.max_batch_size > 0;
         codec::decode_raw(&model, version, &meta.inputs, batching, body)?
     } else {
         codec::decode(&model, version, body, header_len, s.engine.shm())?
     };
+    request.trace_parent = header_str(headers, "traceparent").map(str::to_string);
     let response = s.engine.infer(request).await?;
     let encoded = codec::encode(&response, &format)?;
     let mut builder = Response::builder().status(StatusCode::OK);

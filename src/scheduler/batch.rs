@@ -12,6 +12,7 @@ use crate::{
     model::{Schema, TensorSpec},
     request::InferResponse,
     stats::PhaseTimes,
+    telemetry::otel,
     tensor::{DataType, Tensor, bytes_element_offsets, element_count},
 };
 
@@ -30,8 +31,11 @@ impl Buffer {
     }
 }
 
-pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responder: &Responder, jobs: Vec<Job>) {
+pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responder: &Responder, mut jobs: Vec<Job>) {
     let start = Instant::now();
+    for job in &mut jobs {
+        drop(std::mem::replace(&mut job.queue_span, tracing::Span::none()));
+    }
     let schema = &ctx.schema;
     let rows: usize = jobs.iter().map(|j| j.req.rows).sum();
     let wanted = wanted_outputs(&jobs);
@@ -47,7 +51,9 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
         .collect();
     let names: Vec<&str> = wanted.iter().map(|&i| schema.outputs[i].name.as_str()).collect();
     let input_done = Instant::now();
-    let result = instance.execute(&inputs, &names).map_err(|e| e.with_origin(Origin::Backend));
+    let compute = otel::compute_span(jobs.iter().map(|j| &j.req.span), rows);
+    let result = compute.in_scope(|| instance.execute(&inputs, &names).map_err(|e| e.with_origin(Origin::Backend)));
+    drop(compute);
     let infer_done = Instant::now();
     drop(inputs);
     drop(assembled);
@@ -66,6 +72,7 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
     let replies: Vec<_> = jobs
         .into_iter()
         .map(|job| {
+            let _span = otel::response_span(&job.req.span).entered();
             let response = respond(ctx, &job, &wanted, &outputs, offset, rows);
             offset += job.req.rows;
             (job, response)

@@ -12,6 +12,7 @@ use crate::{
     error::{Error, ErrorKind, Origin, Result},
     proto::inference::{ModelDynamicBatching, ModelQueuePolicy, model_queue_policy::TimeoutAction},
     request::InferResponse,
+    telemetry::otel,
     validate::ValidatedRequest,
 };
 
@@ -22,6 +23,8 @@ pub(super) struct Job {
     pub seq: u64,
     pub deadline: Option<Instant>,
     pub reply: oneshot::Sender<Result<InferResponse>>,
+    /// Open while the request waits (traced requests only).
+    pub queue_span: tracing::Span,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -149,7 +152,8 @@ impl Queue {
         let deadline = policy.timeout(req.timeout_us).map(|t| now + t);
         let seq = self.next_seq;
         self.next_seq += 1;
-        self.levels[level].fresh.push_back(Job { req, enqueued: now, seq, deadline, reply });
+        let queue_span = otel::queue_span(&req.span);
+        self.levels[level].fresh.push_back(Job { req, enqueued: now, seq, deadline, reply, queue_span });
         Ok(())
     }
 

@@ -65,6 +65,7 @@ fn request(v: i32) -> ValidatedRequest {
         batch_key: vec![2],
         priority: 0,
         timeout_us: None,
+        span: tracing::Span::none(),
     }
 }
 

@@ -79,7 +79,15 @@ pub fn request(mut r: ModelInferRequest, shm: &SharedMemory) -> Result<InferRequ
             Ok(RequestedOutput { name: o.name, classification, shm })
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(InferRequest { model_name: model, model_version: version, id: r.id, parameters, inputs, outputs })
+    Ok(InferRequest {
+        model_name: model,
+        model_version: version,
+        id: r.id,
+        parameters,
+        inputs,
+        outputs,
+        trace_parent: None,
+    })
 }
 
 fn contents_empty(c: &InferTensorContents) -> bool {

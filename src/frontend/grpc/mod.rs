@@ -44,8 +44,9 @@ pub fn services(engine: Arc<Engine>) -> (service::GrpcInferenceServiceServer<Grp
 }
 
 impl Grpc {
-    async fn infer(&self, req: pb::ModelInferRequest) -> Result<pb::ModelInferResponse, Error> {
-        let request = convert::request(req, self.engine.shm())?;
+    async fn infer(&self, req: pb::ModelInferRequest, trace: Option<String>) -> Result<pb::ModelInferResponse, Error> {
+        let mut request = convert::request(req, self.engine.shm())?;
+        request.trace_parent = trace;
         Ok(convert::response(self.engine.infer(request).await?))
     }
 
@@ -54,6 +55,7 @@ impl Grpc {
     async fn stream_reply(
         &self,
         req: pb::ModelInferRequest,
+        trace: Option<String>,
     ) -> Result<pb::ModelStreamInferResponse, (Error, pb::ModelInferResponse)> {
         let failed = pb::ModelInferResponse {
             id: req.id.clone(),
@@ -61,7 +63,7 @@ impl Grpc {
             model_version: req.model_version.clone(),
             ..Default::default()
         };
-        match self.infer(req).await {
+        match self.infer(req, trace).await {
             Ok(mut resp) => {
                 let (k, v) = convert::final_flag();
                 resp.parameters.insert(k, v);
@@ -70,6 +72,11 @@ impl Grpc {
             Err(e) => Err((e, failed)),
         }
     }
+}
+
+/// The caller's W3C trace context, from the `traceparent` metadata.
+fn traceparent<T>(r: &Request<T>) -> Option<String> {
+    r.metadata().get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string)
 }
 
 type InferStream = Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
@@ -125,13 +132,15 @@ impl service::GrpcInferenceService for Grpc {
     }
 
     async fn model_infer(&self, r: Request<pb::ModelInferRequest>) -> Reply<pb::ModelInferResponse> {
-        self.infer(r.into_inner()).await.map(Response::new).map_err(status)
+        let trace = traceparent(&r);
+        self.infer(r.into_inner(), trace).await.map(Response::new).map_err(status)
     }
 
     type ModelStreamInferStream = InferStream;
 
     /// Many requests in flight on one stream; each gets one reply, in completion order.
     async fn model_stream_infer(&self, r: Request<Streaming<pb::ModelInferRequest>>) -> Reply<InferStream> {
+        let trace = traceparent(&r);
         let grpc_errors =
             r.metadata().get("triton_grpc_error").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
         let mut inbound = r.into_inner();
@@ -140,11 +149,11 @@ impl service::GrpcInferenceService for Grpc {
         tokio::spawn(async move {
             while let Some(next) = inbound.next().await {
                 let Ok(req) = next else { break };
-                let (this, tx) = (this.clone(), tx.clone());
+                let (this, tx, trace) = (this.clone(), tx.clone(), trace.clone());
                 tokio::spawn(async move {
                     // Errors travel in-band and the stream goes on, unless the client asked
                     // (triton_grpc_error) for the first one to end the stream with its status.
-                    let item = match this.stream_reply(req).await {
+                    let item = match this.stream_reply(req, trace).await {
                         Ok(resp) => Ok(resp),
                         Err((e, _)) if grpc_errors => Err(status(e)),
                         Err((e, failed)) => Ok(pb::ModelStreamInferResponse {

@@ -116,6 +116,7 @@ pub fn decode(
         parameters,
         inputs,
         outputs,
+        trace_parent: None,
     };
     Ok((request, OutputFormat { listed, default_binary }))
 }

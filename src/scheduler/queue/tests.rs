@@ -11,6 +11,7 @@ fn request(priority: u64, timeout_us: Option<u64>) -> ValidatedRequest {
         batch_key: vec![],
         priority,
         timeout_us,
+        span: tracing::Span::none(),
     }
 }
 
