@@ -113,6 +113,14 @@ def perf(model, url, protocol, concurrency, data, interval_ms):
     }
 
 
+def commit_label():
+    """The commit measured, marked when tracked files differ from it."""
+    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return commit + ("+changes" if dirty else "")
+
+
 def replace_section(path, title, body):
     text = open(path).read() if os.path.exists(path) else "# Benchmark results\n\nWritten by the scripts in bench/; see bench/README.md.\n"
     pattern = re.compile(rf"\n## {re.escape(title)}\n.*?(?=\n## |\Z)", re.S)
@@ -162,10 +170,9 @@ def main():
         for model, protocol, c, r in rows:
             onnx = os.path.join(os.path.abspath(a.repo), model, "1", "model.onnx")
             r["ceiling"] = ceiling.rows_per_second(onnx, max(1, round(r["batch"])))
-    commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True).stdout.strip()
+    label = commit_label()
     lines = [
-        f"Commit `{commit}{'+changes' if dirty else ''}`, {datetime.date.today()}, {os.cpu_count()} cores, release build, "
+        f"Commit `{label}`, {datetime.date.today()}, {os.cpu_count()} cores, release build, "
         f"perf_analyzer 2.50 (synchronous, batch 1 per request, {a.interval_ms / 1000:g} s windows, realistic input data), "
         "server and load generator on the same machine.",
     ]

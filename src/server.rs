@@ -7,8 +7,9 @@ use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 use crate::{
     backend::{Backends, identity::IdentityBackend, onnx::OnnxBackend},
     config::Config,
+    config::Mode,
     engine::{EXTENSIONS, Engine, ServerInfo, Services},
-    frontend::{self, grpc, http::HttpState},
+    frontend::{self, grpc, http::HttpState, sagemaker::SageMakerState, vertex::VertexState},
     metrics::{FIRST_RESPONSE_BUCKETS, Metrics},
     repository::{
         control::{ControlMode, ModelRepository},
@@ -114,6 +115,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     let (roots, _extracted) = repositories(&config)?;
+    log_platform(&config, &roots);
     let onnx = Arc::new(OnnxBackend::new(config.onnxruntime_library.clone()));
     // ONNX Runtime is found and loaded once, up front, so a missing library is one clear
     // start-up error rather than one failure per model.
@@ -151,17 +153,41 @@ pub async fn run(
     // Listen first, load second: health answers (not ready) while models load.
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut services: Vec<Service> = Vec::new();
-    let state = Arc::new(HttpState { engine: Arc::clone(&engine), max_input_size: config.http_max_input_size });
-    let http = bind("HTTP KServe v2", config.http_addr).await?;
-    services.push(("HTTP", serve_http(http, frontend::http::router(state), stop_rx.clone())));
-    let grpc = bind("gRPC KServe v2", config.grpc_addr).await?;
-    services.push(("gRPC", serve_grpc(grpc, Arc::clone(&engine), stop_rx.clone())));
-    if let Some(settings) = &config.metrics {
-        let metrics = Metrics::new(settings.clone(), Arc::clone(&registry));
+    let state = Arc::new(HttpState {
+        engine: Arc::clone(&engine),
+        max_input_size: config.http_max_input_size,
+        size_note: config.size_note.clone(),
+    });
+    let metrics = config.metrics.as_ref().map(|m| Metrics::new(m.clone(), Arc::clone(&registry)));
+    // The KServe v2 routes, also reached through Vertex AI's redirect header.
+    let mut kserve = frontend::http::routes(Arc::clone(&state));
+    if let Some(m) = &metrics {
+        kserve = kserve.merge(frontend::metrics::routes(Arc::clone(m)));
+    }
+    let kserve = frontend::http::with_fallbacks(kserve);
+    if let Some(v) = &config.platform.vertex {
+        let vertex = Arc::new(VertexState { http: Arc::clone(&state), settings: v.clone(), kserve: kserve.clone() });
+        let listener = bind("Vertex AI", v.addr).await?;
+        services.push(("Vertex AI", serve_http(listener, frontend::vertex::router(vertex), stop_rx.clone())));
+    }
+    if let Some(sm) = &config.platform.sagemaker {
+        let sagemaker = Arc::new(SageMakerState::new(Arc::clone(&state), sm.clone()));
+        let listener = bind("SageMaker", sm.addr).await?;
+        services.push(("SageMaker", serve_http(listener, frontend::sagemaker::router(sagemaker), stop_rx.clone())));
+    }
+    if config.platform.http {
+        let http = bind("HTTP KServe v2", config.http_addr).await?;
+        services.push(("HTTP", serve_http(http, frontend::http::router(Arc::clone(&state)), stop_rx.clone())));
+    }
+    if config.platform.grpc {
+        let grpc = bind("gRPC KServe v2", config.grpc_addr).await?;
+        services.push(("gRPC", serve_grpc(grpc, Arc::clone(&engine), stop_rx.clone())));
+    }
+    if let Some(metrics) = &metrics {
         let listener = bind("Prometheus metrics", config.metrics_addr).await?;
         services
-            .push(("metrics", serve_http(listener, frontend::metrics::router(Arc::clone(&metrics)), stop_rx.clone())));
-        spawn_metrics_tasks(&metrics, config.emf_interval_secs, stop_rx.clone());
+            .push(("metrics", serve_http(listener, frontend::metrics::router(Arc::clone(metrics)), stop_rx.clone())));
+        spawn_metrics_tasks(metrics, config.emf_interval_secs, stop_rx.clone());
     }
 
     let failures = repository.load_startup(&config.load_models).await;
@@ -189,9 +215,49 @@ pub async fn run(
     Ok(())
 }
 
+/// Says once, at start, where ferry runs and what it serves.
+fn log_platform(config: &Config, roots: &[PathBuf]) {
+    let p = &config.platform;
+    let roots: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
+    let mut listeners = Vec::new();
+    if let Some(v) = &p.vertex {
+        listeners.push(format!("Vertex AI {} (health {}, predict {})", v.addr, v.health_route, v.predict_route));
+    }
+    if let Some(s) = &p.sagemaker {
+        listeners.push(format!(
+            "SageMaker {} (/ping, /invocations{})",
+            s.addr,
+            if s.multi_model { ", /models" } else { "" }
+        ));
+    }
+    if p.http {
+        listeners.push(format!("KServe HTTP {}", config.http_addr));
+    }
+    if p.grpc {
+        listeners.push(format!("KServe gRPC {}", config.grpc_addr));
+    }
+    if config.metrics.is_some() {
+        listeners.push(format!("metrics {}", config.metrics_addr));
+    }
+    let models = if roots.is_empty() { "none until loaded".to_string() } else { roots.join(", ") };
+    tracing::info!(mode = p.mode.name(), listeners = %listeners.join("; "), models = %models, "starting");
+}
+
 /// The repository roots to serve; with none configured, the embedded examples extracted to a
-/// temporary folder (kept alive by the returned guard).
+/// temporary folder (kept alive by the returned guard). SageMaker's model folder may be a
+/// repository root, one model, or a wrapper around a root.
 fn repositories(config: &Config) -> Result<(Vec<PathBuf>, Option<tempfile::TempDir>), String> {
+    let platform_folder = config.platform.repository.as_deref().map(PathBuf::from);
+    if let Some(sm) = &config.platform.sagemaker
+        && config.model_repositories.len() == 1
+        && platform_folder.as_ref() == config.model_repositories.first()
+    {
+        let name = sm.default_model.clone().unwrap_or_else(|| "model".to_string());
+        return crate::repository::layout::detect(&config.model_repositories[0], &name);
+    }
+    if config.platform.mode == Mode::SageMaker && config.model_repositories.is_empty() {
+        return Ok((Vec::new(), None));
+    }
     if !config.model_repositories.is_empty() {
         for root in &config.model_repositories {
             if !root.is_dir() {

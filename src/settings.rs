@@ -123,11 +123,14 @@ struct TraceOverride {
     log_frequency: Option<String>,
 }
 
-#[derive(Default)]
 pub struct Tracing {
     global: Mutex<TraceSettings>,
     models: Mutex<BTreeMap<String, TraceOverride>>,
     seen: std::sync::atomic::AtomicU64,
+    /// The global level and rate, parsed, so the common case decides without locks or copies.
+    global_off: std::sync::atomic::AtomicBool,
+    global_rate: std::sync::atomic::AtomicU64,
+    overrides: std::sync::atomic::AtomicBool,
 }
 
 fn check_number(key: &str, v: &str, min: i64) -> Result<()> {
@@ -150,23 +153,64 @@ fn check_levels(levels: &[String]) -> Result<()> {
     Ok(())
 }
 
+impl Default for Tracing {
+    fn default() -> Self {
+        Tracing::new(TraceSettings::default())
+    }
+}
+
 impl Tracing {
     pub fn new(initial: TraceSettings) -> Self {
-        Tracing { global: Mutex::new(initial), ..Default::default() }
+        let t = Tracing {
+            global: Mutex::new(initial),
+            models: Mutex::default(),
+            seen: Default::default(),
+            global_off: Default::default(),
+            global_rate: Default::default(),
+            overrides: Default::default(),
+        };
+        t.refresh();
+        t
+    }
+
+    fn refresh(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let g = self.global.lock().unwrap_or_else(|p| p.into_inner());
+        self.global_off.store(g.trace_level.is_empty() || g.trace_level.iter().any(|l| l == "OFF"), Relaxed);
+        self.global_rate.store(g.trace_rate.parse::<u64>().unwrap_or(1000).max(1), Relaxed);
+        drop(g);
+        self.overrides.store(!self.models.lock().unwrap_or_else(|p| p.into_inner()).is_empty(), Relaxed);
     }
 
     /// Whether to trace the next request of `model`: its level is not OFF, it is the `rate`-th
     /// request, and `trace_count` (-1 = unlimited) is not used up (each trace uses one).
     pub fn sample(&self, model: &str) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.overrides.load(Relaxed) {
+            // No per-model settings: decide from the parsed global ones.
+            if self.global_off.load(Relaxed) {
+                return false;
+            }
+            let n = self.seen.fetch_add(1, Relaxed) + 1;
+            if n % self.global_rate.load(Relaxed) != 0 {
+                return false;
+            }
+            return self.use_count();
+        }
         let s = self.get(Some(model));
         if s.trace_level.iter().any(|l| l == "OFF") || s.trace_level.is_empty() {
             return false;
         }
         let rate = s.trace_rate.parse::<u64>().unwrap_or(1000).max(1);
-        let n = self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let n = self.seen.fetch_add(1, Relaxed) + 1;
         if n % rate != 0 {
             return false;
         }
+        self.use_count()
+    }
+
+    /// Takes one trace from `trace_count` (-1 = unlimited).
+    fn use_count(&self) -> bool {
         let mut g = self.global.lock().unwrap_or_else(|p| p.into_inner());
         match g.trace_count.parse::<i64>() {
             Ok(0) => false,
@@ -239,6 +283,7 @@ impl Tracing {
                 }
             }
         }
+        self.refresh();
         Ok(self.get(model))
     }
 }

@@ -9,6 +9,9 @@ use http_body_util::BodyExt;
 
 use crate::error::{Error, Result};
 
+/// Oversized bodies up to this size are read and dropped before the 413 is sent.
+const DRAIN_LIMIT: usize = 256 << 20;
+
 fn too_large(limit: usize) -> Error {
     Error::too_large(format!(
         "request body is larger than the limit of {limit} bytes; raise it with --http-max-input-size"
@@ -17,10 +20,15 @@ fn too_large(limit: usize) -> Error {
 
 /// Reads the whole body, refusing anything over `limit` bytes (declared or actual).
 pub async fn read_body(body: Body, declared: Option<usize>, limit: usize) -> Result<Bytes> {
-    if declared.is_some_and(|n| n > limit) {
+    let mut body = body;
+    if let Some(n) = declared.filter(|&n| n > limit) {
+        // Read (and drop) a moderately oversized body so the client, still sending, gets the
+        // 413 instead of a broken connection.
+        if n <= DRAIN_LIMIT {
+            while let Some(Ok(_)) = body.frame().await {}
+        }
         return Err(too_large(limit));
     }
-    let mut body = body;
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(0));
     let mut first: Option<Bytes> = None;
     while let Some(frame) = body.frame().await {

@@ -2,6 +2,8 @@
 //! Triton's status codes and `{"error": "..."}` bodies.
 use std::sync::Arc;
 
+use bytes::Bytes;
+
 use axum::{
     Router,
     body::Body,
@@ -24,12 +26,25 @@ pub struct HttpState {
     pub engine: Arc<Engine>,
     /// --http-max-input-size
     pub max_input_size: usize,
+    /// The platform's own size limit, said in 413 replies.
+    pub size_note: String,
 }
 
 type AppState = State<Arc<HttpState>>;
 type Params = Path<Vec<(String, String)>>;
 
+/// The KServe v2 routes with their 404/405 answers.
 pub fn router(state: Arc<HttpState>) -> Router {
+    with_fallbacks(routes(state))
+}
+
+/// Triton's answers for an unknown route (404) and a known route with another method (405).
+pub fn with_fallbacks(r: Router) -> Router {
+    r.fallback(not_found).method_not_allowed_fallback(method_not_allowed)
+}
+
+/// The KServe v2 routes alone, to merge with others.
+pub fn routes(state: Arc<HttpState>) -> Router {
     let model_routes = |r: Router<Arc<HttpState>>, base: &str| {
         r.route(base, get(model_metadata))
             .route(&format!("{base}/ready"), get(model_ready))
@@ -44,10 +59,7 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .route("/v2/models/stats", get(all_stats));
     let r = model_routes(r, "/v2/models/{model}");
     let r = model_routes(r, "/v2/models/{model}/versions/{version}");
-    r.merge(super::http_ext::routes())
-        .fallback(not_found)
-        .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state)
+    r.merge(super::http_ext::routes()).with_state(state)
 }
 
 pub fn error_response(e: &Error) -> Response {
@@ -200,7 +212,7 @@ async fn model_stats(State(s): AppState, path: Params) -> Response {
     }
 }
 
-fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers.get(name).and_then(|v| v.to_str().ok())
 }
 
@@ -221,6 +233,43 @@ async fn infer(State(s): AppState, path: Params, headers: HeaderMap, body: Body)
     }
 }
 
+/// Reads a request body under the size limit (the platform's limit named in the error) and
+/// undoes its Content-Encoding.
+pub async fn read_request(s: &HttpState, headers: &HeaderMap, body: Body) -> Result<Bytes, Error> {
+    let declared = header_str(headers, "content-length").and_then(|v| v.parse().ok());
+    let limit = |e: Error| {
+        if e.http_status() == 413 && !s.size_note.is_empty() {
+            Error::too_large(format!("{} ({})", e.message(), s.size_note))
+        } else {
+            e
+        }
+    };
+    let raw = encoding::read_body(body, declared, s.max_input_size).await.map_err(limit)?;
+    encoding::decompress(raw, header_str(headers, "content-encoding"), s.max_input_size).map_err(limit)
+}
+
+/// Decodes a KServe v2 infer body (JSON, binary extension, or raw binary when `header_len` is
+/// 0), runs it, and encodes the reply.
+pub async fn infer_body(
+    s: &HttpState,
+    model: &str,
+    version: Option<u64>,
+    body: Bytes,
+    header_len: Option<usize>,
+    traceparent: Option<&str>,
+) -> Result<codec::Encoded, Error> {
+    let (mut request, format) = if header_len == Some(0) {
+        let meta = s.engine.model_metadata(model, version)?;
+        let batching = s.engine.model_config(model, version)?.max_batch_size > 0;
+        codec::decode_raw(model, version, &meta.inputs, batching, body)?
+    } else {
+        codec::decode(model, version, body, header_len, s.engine.shm())?
+    };
+    request.trace_parent = traceparent.map(str::to_string);
+    let response = s.engine.infer(request).await?;
+    codec::encode(&response, &format)
+}
+
 async fn infer_inner(
     s: &HttpState,
     model: String,
@@ -228,25 +277,20 @@ async fn infer_inner(
     headers: &HeaderMap,
     body: Body,
 ) -> Result<Response, Error> {
-    let declared = header_str(headers, "content-length").and_then(|v| v.parse().ok());
-    let raw = encoding::read_body(body, declared, s.max_input_size).await?;
-    let body = encoding::decompress(raw, header_str(headers, "content-encoding"), s.max_input_size)?;
+    let body = read_request(s, headers, body).await?;
     let header_len = match header_str(headers, "inference-header-content-length") {
         None => None,
         Some(v) => Some(v.trim().parse::<usize>().map_err(|_| {
             Error::invalid(format!("Inference-Header-Content-Length must be a non-negative integer, got '{v}'"))
         })?),
     };
-    let (mut request, format) = if header_len == Some(0) {
-        let meta = s.engine.model_metadata(&model, version)?;
-        let batching = s.engine.model_config(&model, version)?.max_batch_size > 0;
-        codec::decode_raw(&model, version, &meta.inputs, batching, body)?
-    } else {
-        codec::decode(&model, version, body, header_len, s.engine.shm())?
-    };
-    request.trace_parent = header_str(headers, "traceparent").map(str::to_string);
-    let response = s.engine.infer(request).await?;
-    let encoded = codec::encode(&response, &format)?;
+    let encoded = infer_body(s, &model, version, body, header_len, header_str(headers, "traceparent")).await?;
+    reply(encoded, header_str(headers, "accept-encoding"))
+}
+
+/// The KServe v2 HTTP reply: binary outputs after the JSON header, named by
+/// Inference-Header-Content-Length; compressed when the client accepts it.
+pub fn reply(encoded: codec::Encoded, accept_encoding: Option<&str>) -> Result<Response, Error> {
     let mut builder = Response::builder().status(StatusCode::OK);
     builder = match encoded.header_len {
         Some(n) => builder
@@ -255,7 +299,7 @@ async fn infer_inner(
         None => builder.header(header::CONTENT_TYPE, "application/json"),
     };
     let mut body = encoded.body;
-    if let Some(coding) = encoding::choose(header_str(headers, "accept-encoding"))
+    if let Some(coding) = encoding::choose(accept_encoding)
         && let Ok(packed) = encoding::compress(&body, coding)
     {
         body = packed;

@@ -13,14 +13,14 @@ use axum::{
 use crate::metrics::Metrics;
 
 pub fn router(metrics: Arc<Metrics>) -> Router {
-    Router::new()
-        .route("/metrics", get(scrape))
-        .route("/metrics/", get(scrape))
-        .fallback(get(|| async { StatusCode::OK }))
-        .method_not_allowed_fallback(|| async {
-            (StatusCode::METHOD_NOT_ALLOWED, axum::Json(serde_json::json!({"error": "Method Not Allowed"})))
-        })
-        .with_state(metrics)
+    routes(metrics).fallback(get(|| async { StatusCode::OK })).method_not_allowed_fallback(|| async {
+        (StatusCode::METHOD_NOT_ALLOWED, axum::Json(serde_json::json!({"error": "Method Not Allowed"})))
+    })
+}
+
+/// `/metrics` alone, to merge with other routes.
+pub fn routes(metrics: Arc<Metrics>) -> Router {
+    Router::new().route("/metrics", get(scrape)).route("/metrics/", get(scrape)).with_state(metrics)
 }
 
 async fn scrape(State(metrics): State<Arc<Metrics>>) -> Response {

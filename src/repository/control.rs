@@ -167,9 +167,34 @@ impl ModelRepository {
         Ok(())
     }
 
+    /// Loads a model from a folder outside the repositories (SageMaker's multi-model API, which
+    /// is its own control channel whatever the control mode).
+    pub async fn load_dir(&self, name: &str, dir: &Path) -> Result<()> {
+        let lock = self.lock_for(name);
+        let _guard = lock.lock().await;
+        self.loader.load_as(name, dir, None, true).await
+    }
+
+    /// The names of every model the repositories hold or that was loaded.
+    pub fn model_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.index(false).into_iter().map(|e| e.name).collect();
+        names.dedup();
+        names
+    }
+
+    /// Download progress of remote repositories (bytes done and total), while there is some.
+    pub fn progress(&self) -> Option<serde_json::Value> {
+        None
+    }
+
     /// Takes a model out of service; requests it admitted still finish.
-    pub async fn unload(&self, name: &str, _unload_dependents: bool) -> Result<()> {
+    pub async fn unload(&self, name: &str, unload_dependents: bool) -> Result<()> {
         self.check_explicit()?;
+        self.unload_any(name, unload_dependents).await
+    }
+
+    /// Unloads whatever the control mode (the SageMaker multi-model API).
+    pub async fn unload_any(&self, name: &str, _unload_dependents: bool) -> Result<()> {
         let lock = self.lock_for(name);
         let _guard = lock.lock().await;
         self.loader.unload(name);

@@ -55,11 +55,23 @@ impl Loader {
 
     /// Loads or reloads the model in `dir`. `config_override` replaces config.pbtxt (load API).
     pub async fn load(&self, name: &str, dir: &Path, config_override: Option<ModelConfig>) -> Result<()> {
+        self.load_as(name, dir, config_override, false).await
+    }
+
+    /// `load`, and with `rename` the model serves as `name` whatever its folder and config say
+    /// (SageMaker's multi-model API names models itself).
+    pub async fn load_as(
+        &self,
+        name: &str,
+        dir: &Path,
+        config_override: Option<ModelConfig>,
+        rename: bool,
+    ) -> Result<()> {
         let started = std::time::Instant::now();
         let prepared = {
             let (name, dir, backends, options) =
                 (name.to_string(), dir.to_path_buf(), self.backends.clone(), self.options.clone());
-            tokio::task::spawn_blocking(move || prepare(&name, &dir, &backends, &options, config_override))
+            tokio::task::spawn_blocking(move || prepare(&name, &dir, &backends, &options, config_override, rename))
                 .await
                 .map_err(|e| Error::internal(format!("model load task failed: {e}")))?
         };
@@ -122,11 +134,15 @@ fn prepare(
     backends: &Backends,
     options: &LoadOptions,
     config_override: Option<ModelConfig>,
+    rename: bool,
 ) -> std::result::Result<Prepared, String> {
     let mut cfg = match config_override {
         Some(cfg) => cfg,
         None => config::read(dir, options.auto_complete)?,
     };
+    if rename {
+        cfg.name = name.to_string();
+    }
     config::fill(&mut cfg, dir, name)?;
     let available = version_dirs(dir);
     let versions = select_versions(cfg.version_policy.as_ref(), &available);

@@ -7,6 +7,7 @@ use crate::proto::inference::{ModelVersionPolicy, model_version_policy::PolicyCh
 pub mod config;
 pub mod control;
 pub mod embedded;
+pub mod layout;
 pub mod loader;
 pub mod pbtxt;
 pub mod registry;

@@ -18,7 +18,9 @@ LISTENING = re.compile(r"(HTTP KServe v2|gRPC KServe v2|Prometheus metrics|Verte
 class Server:
     """One ferry process. `args` are extra `ferry serve` flags; `env` extra environment."""
 
-    def __init__(self, args=(), env=None, wait_ready=True, timeout=60, expect_exit=False):
+    def __init__(self, args=(), env=None, wait_ready=True, timeout=60, expect_exit=False,
+                 services=("HTTP KServe v2", "gRPC KServe v2")):
+        self.services = set(services)
         full_env = dict(os.environ)
         full_env.update(env or {})
         self.cmd = [BINARY, "serve", "--http-address=127.0.0.1", "--http-port=0", "--grpc-port=0", "--metrics-port=0", *args]
@@ -48,7 +50,7 @@ class Server:
     def _wait_port(self, timeout):
         deadline = time.time() + timeout
         with self._seen:
-            while not {"HTTP KServe v2", "gRPC KServe v2"} <= set(self.ports):
+            while not self.services <= set(self.ports):
                 if self.proc.poll() is not None or time.time() > deadline:
                     raise RuntimeError(f"ferry did not start: {self.cmd}\n{self.log()}")
                 self._seen.wait(0.1)

@@ -4,6 +4,7 @@ mod data;
 mod decode;
 mod encode;
 
+pub use data::decode as decode_data;
 pub use decode::{Listed, OutputFormat, decode, decode_raw, parameters};
 pub use encode::{Encoded, encode};
 

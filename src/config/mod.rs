@@ -14,6 +14,11 @@ use crate::{
     telemetry::{LogFormat, otel::OtlpSettings},
 };
 
+mod platform;
+mod tracing;
+
+pub use platform::{Mode, Platform, SageMakerSettings, VertexSettings};
+
 #[derive(Parser, Debug)]
 #[command(
     name = "ferry",
@@ -70,9 +75,38 @@ struct ServeArgs {
     /// `summary_quantiles=<q:err,...>` (repeatable), as tritonserver.
     #[arg(long, env = "FERRY_METRICS_CONFIG", value_delimiter = ';')]
     metrics_config: Vec<String>,
-    /// Print the autoscaling signal as CloudWatch embedded-metric log lines every N seconds (0 = off).
-    #[arg(long, env = "FERRY_EMF_INTERVAL_SECS", default_value_t = 0)]
-    emf_interval_secs: u64,
+    /// Print the autoscaling signal as CloudWatch embedded-metric log lines every N seconds
+    /// (0 = off; 60 on SageMaker).
+    #[arg(long, env = "FERRY_EMF_INTERVAL_SECS")]
+    emf_interval_secs: Option<u64>,
+    /// `auto` (from the environment: AIP_MODE=PREDICTION → vertex; SAGEMAKER_* or /opt/ml → sagemaker;
+    /// else kserve), `kserve`, `vertex` or `sagemaker`.
+    #[arg(long, env = "FERRY_MODE", default_value = "auto", value_parser = ["auto", "kserve", "vertex", "sagemaker"])]
+    mode: String,
+    /// Serve KServe v2 over HTTP on --http-port (default: on in kserve mode only).
+    #[arg(long, env = "FERRY_ALLOW_HTTP", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
+    allow_http: Option<bool>,
+    /// Serve KServe v2 over gRPC on --grpc-port (default: on in kserve mode only).
+    #[arg(long, env = "FERRY_ALLOW_GRPC", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
+    allow_grpc: Option<bool>,
+    /// Vertex AI listener port (default AIP_HTTP_PORT, else 8080).
+    #[arg(long, env = "FERRY_VERTEX_AI_PORT")]
+    vertex_ai_port: Option<u16>,
+    /// The model Vertex AI predict requests go to (default: the only model).
+    #[arg(long, env = "FERRY_VERTEX_AI_DEFAULT_MODEL")]
+    vertex_ai_default_model: Option<String>,
+    /// SageMaker listener port (SAGEMAKER_BIND_TO_PORT wins; default 8080).
+    #[arg(long, env = "FERRY_SAGEMAKER_PORT")]
+    sagemaker_port: Option<u16>,
+    /// Ports other listeners may use on SageMaker, LOW-HIGH (SAGEMAKER_SAFE_PORT_RANGE wins).
+    #[arg(long, env = "FERRY_SAGEMAKER_SAFE_PORT_RANGE")]
+    sagemaker_safe_port_range: Option<String>,
+    /// Where SageMaker extracts the model (read only; never written to).
+    #[arg(long, env = "FERRY_SAGEMAKER_MODEL_DIR", default_value = "/opt/ml/model")]
+    sagemaker_model_dir: PathBuf,
+    /// Where SageMaker puts multi-model endpoint models.
+    #[arg(long, env = "FERRY_SAGEMAKER_MODELS_ROOT", default_value = "/opt/ml/models")]
+    sagemaker_models_root: PathBuf,
     /// Deprecated alias of --disable-auto-complete-config.
     #[arg(long, env = "FERRY_STRICT_MODEL_CONFIG", default_value = "false", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
     strict_model_config: bool,
@@ -97,9 +131,10 @@ struct ServeArgs {
     /// Verbose logging level (0 = off).
     #[arg(long, env = "FERRY_LOG_VERBOSE", default_value_t = 0)]
     log_verbose: u32,
-    /// Largest HTTP request body, in bytes (also after decompression).
-    #[arg(long, env = "FERRY_HTTP_MAX_INPUT_SIZE", default_value_t = 64 * 1024 * 1024)]
-    http_max_input_size: usize,
+    /// Largest HTTP request body, in bytes, also after decompression (default 64 MiB; on Vertex AI
+    /// 1.5 MB, on SageMaker 6 MiB: the platforms' own limits).
+    #[arg(long, env = "FERRY_HTTP_MAX_INPUT_SIZE")]
+    http_max_input_size: Option<usize>,
     /// `none`: load every model at start; `explicit`: load `--load-model` models, then the
     /// repository API loads and unloads.
     #[arg(long, env = "FERRY_MODEL_CONTROL_MODE", default_value = "none", value_parser = ["none", "explicit"])]
@@ -132,6 +167,8 @@ pub struct Config {
     /// None: no metrics endpoint.
     pub metrics: Option<MetricsSettings>,
     pub emf_interval_secs: u64,
+    /// The platform, and what its environment decided.
+    pub platform: Platform,
     pub auto_complete: bool,
     pub exit_on_error: bool,
     pub strict_readiness: bool,
@@ -148,6 +185,8 @@ pub struct Config {
     /// RUST_LOG, when set: a tracing filter that overrides --log-verbose.
     pub log_filter: Option<String>,
     pub http_max_input_size: usize,
+    /// Said in 413 replies: the platform's own limit.
+    pub size_note: String,
     pub onnxruntime_library: Option<PathBuf>,
     pub server_id: String,
     pub default_max_batch_size: i32,
@@ -185,9 +224,14 @@ impl Config {
                 }
             }
         }
-        let (otlp, trace) = tracing_settings(&a.trace_config, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+        let (otlp, trace) = tracing::settings(&a.trace_config, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
             .map_err(|e| clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("--trace-config: {e}\n")))?;
-        let metrics = if a.allow_metrics {
+        let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let sagemaker_env = std::env::vars().any(|(k, _)| k.starts_with("SAGEMAKER_"));
+        let opt_ml = std::path::Path::new("/opt/ml/model").is_dir() || std::path::Path::new("/opt/ml/models").is_dir();
+        let platform = platform::resolve(&a, &env, sagemaker_env, opt_ml)
+            .map_err(|e| clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("{e}\n")))?;
+        let metrics = if platform.metrics {
             let mut m = MetricsSettings {
                 cpu: a.allow_cpu_metrics,
                 gpu: a.allow_gpu_metrics,
@@ -203,20 +247,25 @@ impl Config {
         } else {
             None
         };
+        let model_repositories = if a.model_repository.is_empty() {
+            platform.repository.iter().map(PathBuf::from).collect()
+        } else {
+            a.model_repository
+        };
         Ok(Config {
-            model_repositories: a.model_repository,
+            model_repositories,
             http_addr: SocketAddr::new(a.http_address, a.http_port),
-            grpc_addr: SocketAddr::new(a.http_address, a.grpc_port),
-            metrics_addr: SocketAddr::new(a.metrics_address.unwrap_or(a.http_address), a.metrics_port),
+            grpc_addr: SocketAddr::new(a.http_address, platform.grpc_port),
+            metrics_addr: SocketAddr::new(a.metrics_address.unwrap_or(a.http_address), platform.metrics_port),
             metrics,
-            emf_interval_secs: a.emf_interval_secs,
+            emf_interval_secs: platform.emf_interval_secs,
             auto_complete: !(a.disable_auto_complete_config || a.strict_model_config),
             exit_on_error: a.exit_on_error,
             strict_readiness: a.strict_readiness,
-            explicit_model_control: a.model_control_mode == "explicit",
+            explicit_model_control: platform.explicit_model_control,
             load_models: a.load_model,
             allow_client_shm: a.allow_client_shm,
-            log_verbose: a.log_verbose,
+            log_verbose: platform.log_verbose.unwrap_or(a.log_verbose),
             log_format: match a.log_format.as_str() {
                 "json" => LogFormat::Json,
                 "ISO8601" => LogFormat::Iso8601,
@@ -225,127 +274,22 @@ impl Config {
             otlp,
             trace,
             log_filter: std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty()),
-            http_max_input_size: a.http_max_input_size,
+            http_max_input_size: platform.max_input_size,
+            size_note: platform.size_note.clone(),
             onnxruntime_library: a
                 .onnxruntime_library
                 .or_else(|| std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from)),
             server_id: a.id,
             default_max_batch_size,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            platform,
         })
     }
-}
-
-/// Folds `--trace-config` entries and the standard OTEL_* variables into where traces go and the
-/// initial trace settings. With an exporter and no level given, requests are traced at
-/// TIMESTAMPS level (1 in `rate`, 1000 by default as in Triton).
-fn tracing_settings(
-    entries: &[String],
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<(Option<OtlpSettings>, TraceSettings), String> {
-    let mut trace = TraceSettings::default();
-    let (mut url, mut protocol, mut resource, mut level_given) = (None::<String>, None::<String>, Vec::new(), false);
-    let mut opentelemetry = false;
-    for e in entries {
-        let (scope, kv) = match e.split_once(',') {
-            Some((scope, kv)) if !scope.contains('=') => (scope, kv),
-            _ => ("", e.as_str()),
-        };
-        let (key, value) = kv.split_once('=').ok_or_else(|| format!("expected key=value, got '{e}'"))?;
-        match (scope, key) {
-            ("", "mode") if value == "opentelemetry" => opentelemetry = true,
-            ("", "mode") => return Err(format!("mode '{value}' is not supported; use mode=opentelemetry")),
-            ("", "rate") => trace.trace_rate = value.to_string(),
-            ("", "count") => trace.trace_count = value.to_string(),
-            ("", "level") => {
-                if !level_given {
-                    trace.trace_level.clear();
-                    level_given = true;
-                }
-                trace.trace_level.push(value.to_string());
-            }
-            ("opentelemetry", "url") => url = Some(value.to_string()),
-            ("opentelemetry", "protocol") => protocol = Some(value.to_string()),
-            ("opentelemetry", "resource") => {
-                let (k, v) = value.split_once('=').ok_or_else(|| format!("resource needs key=value, got '{value}'"))?;
-                resource.push((k.to_string(), v.to_string()));
-            }
-            _ => return Err(format!("unknown trace setting '{e}'")),
-        }
-    }
-    let protocol =
-        protocol.or_else(|| env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")).or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"));
-    let http = match protocol.as_deref() {
-        None => url.is_some(), // Triton's --trace-config url is an OTLP/HTTP endpoint
-        Some("grpc") => false,
-        Some("http/protobuf") => true,
-        Some(other) => return Err(format!("OTLP protocol '{other}' is not supported (grpc or http/protobuf)")),
-    };
-    let endpoint = url
-        .map(|u| if u.starts_with("http") { u } else { format!("http://{u}") })
-        .or_else(|| env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
-        .or_else(|| {
-            env("OTEL_EXPORTER_OTLP_ENDPOINT")
-                .map(|e| if http { format!("{}/v1/traces", e.trim_end_matches('/')) } else { e })
-        });
-    let Some(endpoint) = endpoint else {
-        if opentelemetry {
-            return Err("mode=opentelemetry needs opentelemetry,url=... or OTEL_EXPORTER_OTLP_ENDPOINT".into());
-        }
-        return Ok((None, trace));
-    };
-    if !level_given {
-        trace.trace_level = vec!["TIMESTAMPS".into()];
-    }
-    trace.trace_mode = "opentelemetry".into();
-    if let Some(attrs) = env("OTEL_RESOURCE_ATTRIBUTES") {
-        resource.extend(
-            attrs.split(',').filter_map(|kv| kv.split_once('=')).map(|(k, v)| (k.trim().into(), v.trim().into())),
-        );
-    }
-    let service_name = env("OTEL_SERVICE_NAME").unwrap_or_else(|| "ferry".into());
-    Ok((Some(OtlpSettings { endpoint, http, service_name, resource }), trace))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tracing_from_flags_and_environment() {
-        let none = |_: &str| None;
-        let (otlp, trace) = tracing_settings(&[], &none).unwrap();
-        assert!(otlp.is_none());
-        assert_eq!(trace.trace_level, vec!["OFF"]);
-        let flags: Vec<String> = [
-            "mode=opentelemetry",
-            "opentelemetry,url=localhost:4318/v1/traces",
-            "rate=1",
-            "opentelemetry,resource=team=ml",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let (otlp, trace) = tracing_settings(&flags, &none).unwrap();
-        let otlp = otlp.unwrap();
-        assert_eq!(otlp.endpoint, "http://localhost:4318/v1/traces");
-        assert!(otlp.http);
-        assert_eq!(otlp.resource, vec![("team".to_string(), "ml".to_string())]);
-        assert_eq!((trace.trace_rate.as_str(), trace.trace_level.clone()), ("1", vec!["TIMESTAMPS".to_string()]));
-        let env = |k: &str| match k {
-            "OTEL_EXPORTER_OTLP_ENDPOINT" => Some("http://collector:4317".to_string()),
-            "OTEL_SERVICE_NAME" => Some("svc".to_string()),
-            _ => None,
-        };
-        let (otlp, _) = tracing_settings(&[], &env).unwrap();
-        let otlp = otlp.unwrap();
-        assert_eq!(
-            (otlp.endpoint.as_str(), otlp.http, otlp.service_name.as_str()),
-            ("http://collector:4317", false, "svc")
-        );
-        assert!(tracing_settings(&["mode=opentelemetry".to_string()], &none).is_err());
-        assert!(tracing_settings(&["bogus".to_string()], &none).is_err());
-    }
 
     #[test]
     fn defaults_match_tritonserver() {

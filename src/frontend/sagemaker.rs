@@ -1,0 +1,291 @@
+//! The SageMaker custom-container contract: `GET /ping`, `POST /invocations` (KServe v2 JSON, the
+//! `application/vnd.sagemaker-triton.binary+json;json-header-size=N` binary type, or
+//! `{"instances": [...]}`), `GET /execution-parameters` for batch transform, and the
+//! multi-model endpoint API (`/models` load, list, get, unload, invoke).
+use std::{
+    collections::BTreeMap,
+    path::{Component, Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use axum::{
+    Router,
+    body::Body,
+    extract::{Path as UrlPath, Query, State},
+    http::{HeaderMap, StatusCode, header},
+    response::{IntoResponse, Response},
+    routing::{get, post},
+};
+use serde_json::{Value, json};
+
+use super::{
+    http::{HttpState, error_response, header_str, infer_body, read_request},
+    instances, platform,
+};
+use crate::{config::SageMakerSettings, error::Error, repository::config::CONFIG_FILE};
+
+pub const BINARY_CONTENT_TYPE: &str = "application/vnd.sagemaker-triton.binary+json";
+const TARGET_MODEL: &str = "x-amzn-sagemaker-target-model";
+
+/// A model loaded through the multi-model API.
+#[derive(Debug, Clone)]
+struct Loaded {
+    /// The name it serves under (the client's TargetModel when SageMaker sent it).
+    name: String,
+    url: String,
+}
+
+pub struct SageMakerState {
+    pub http: Arc<HttpState>,
+    pub settings: SageMakerSettings,
+    /// By SageMaker's model_name.
+    models: Mutex<BTreeMap<String, Loaded>>,
+}
+
+impl SageMakerState {
+    pub fn new(http: Arc<HttpState>, settings: SageMakerSettings) -> Self {
+        SageMakerState { http, settings, models: Mutex::default() }
+    }
+
+    fn models(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Loaded>> {
+        self.models.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub fn router(state: Arc<SageMakerState>) -> Router {
+    Router::new()
+        .route("/ping", get(ping))
+        .route("/invocations", post(invocations))
+        .route("/execution-parameters", get(execution_parameters))
+        .route("/models", post(load).get(list))
+        .route("/models/{name}", get(describe).delete(unload))
+        .route("/models/{name}/invoke", post(invoke))
+        .fallback(|| async { (StatusCode::NOT_FOUND, axum::Json(json!({"error": "Not Found"}))) })
+        .method_not_allowed_fallback(|| async {
+            (StatusCode::METHOD_NOT_ALLOWED, axum::Json(json!({"error": "Method Not Allowed"})))
+        })
+        .with_state(state)
+}
+
+fn default_model(s: &SageMakerState) -> crate::error::Result<String> {
+    platform::default_model(&s.http.engine, s.settings.default_model.as_deref(), "SAGEMAKER_TRITON_DEFAULT_MODEL_NAME")
+}
+
+/// 200 once the default model serves (or, in ping mode `live` and on multi-model endpoints,
+/// while the process is up); 503 with what is happening before. Answers at once: no lock is
+/// held across a load.
+async fn ping(State(s): State<Arc<SageMakerState>>) -> Response {
+    let engine = &s.http.engine;
+    let (ready, body) = if s.settings.ping_live {
+        (engine.live().is_ok(), json!({"ready": engine.live().is_ok(), "detail": "ping mode: live"}))
+    } else {
+        platform::health(engine, default_model(&s))
+    };
+    (if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE }, axum::Json(body)).into_response()
+}
+
+/// Runs a request body on `model` and answers in SageMaker's binary content type when outputs
+/// are binary.
+async fn run(s: &SageMakerState, model: &str, headers: &HeaderMap, body: Body) -> Result<Response, Error> {
+    let body = read_request(&s.http, headers, body).await?;
+    let header_len = platform::json_header_size(header_str(headers, "content-type"), BINARY_CONTENT_TYPE)?;
+    if header_len.is_none() && instances::is_instances(&body) {
+        let predictions = instances::predict(&s.http.engine, model, &body).await?;
+        return Ok((StatusCode::OK, axum::Json(predictions)).into_response());
+    }
+    let encoded = infer_body(&s.http, model, None, body, header_len, header_str(headers, "traceparent")).await?;
+    let content_type = match encoded.header_len {
+        Some(n) => format!("{BINARY_CONTENT_TYPE};json-header-size={n}"),
+        None => "application/json".to_string(),
+    };
+    Ok(([(header::CONTENT_TYPE, content_type)], encoded.body).into_response())
+}
+
+async fn invocations(State(s): State<Arc<SageMakerState>>, headers: HeaderMap, body: Body) -> Response {
+    let result = match default_model(&s) {
+        Ok(model) => run(&s, &model, &headers, body).await,
+        Err(e) => Err(e),
+    };
+    result.unwrap_or_else(|e| error_response(&e))
+}
+
+async fn execution_parameters(State(s): State<Arc<SageMakerState>>) -> Response {
+    let p = &s.settings;
+    axum::Json(json!({
+        "MaxConcurrentTransforms": p.max_concurrent_transforms,
+        "BatchStrategy": p.batch_strategy,
+        "MaxPayloadInMB": p.max_payload_mb,
+    }))
+    .into_response()
+}
+
+/// `<root>/<id>/model[/<subdir>]` with `id` of letters, digits, `.`, `_`, `-`.
+fn check_url(root: &Path, url: &str) -> Result<PathBuf, Error> {
+    let path = Path::new(url);
+    let bad = || {
+        Error::invalid(format!(
+            "Invalid \"url\" '{url}': expected a path of the form {}/<model id>/model[/<subdir>]",
+            root.display()
+        ))
+    };
+    let rel = path.strip_prefix(root).map_err(|_| bad())?;
+    let parts: Vec<&str> = rel
+        .components()
+        .map(|c| match c {
+            Component::Normal(p) => p.to_str().ok_or_else(bad),
+            _ => Err(bad()),
+        })
+        .collect::<Result<_, _>>()?;
+    let id_ok = |id: &str| !id.is_empty() && id.chars().all(|c| c.is_ascii_alphanumeric() || "._-".contains(c));
+    match parts.as_slice() {
+        [id, "model"] | [id, "model", _] if id_ok(id) => Ok(path.to_path_buf()),
+        _ => Err(bad()),
+    }
+}
+
+/// The model folder inside an extracted archive: the url itself when it holds config.pbtxt,
+/// else its only sub-folder.
+fn model_dir(url: &Path) -> Result<PathBuf, Error> {
+    if url.join(CONFIG_FILE).is_file() || !crate::repository::version_dirs(url).is_empty() {
+        return Ok(url.to_path_buf());
+    }
+    let subdirs: Vec<PathBuf> = std::fs::read_dir(url)
+        .map_err(|e| Error::invalid(format!("cannot read '{}': {e}", url.display())))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    match subdirs.as_slice() {
+        [one] => Ok(one.clone()),
+        [] => Err(Error::invalid(format!("'{}' holds no model (no config.pbtxt, no version folder)", url.display()))),
+        many => Err(Error::invalid(format!(
+            "'{}' holds {} folders; expected one model folder (ensembles are not supported)",
+            url.display(),
+            many.len()
+        ))),
+    }
+}
+
+/// Failures SageMaker should answer by unloading other models: out of memory or disk.
+fn out_of_memory(message: &str) -> bool {
+    [
+        "out of memory",
+        "Out of memory",
+        "OutOfMemory",
+        "MemoryError",
+        "Failed to allocate memory",
+        "No space left on device",
+        "OOM",
+    ]
+    .iter()
+    .any(|m| message.contains(m))
+}
+
+async fn load(State(s): State<Arc<SageMakerState>>, headers: HeaderMap, body: axum::body::Bytes) -> Response {
+    let doc: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return error_response(&Error::invalid(format!("failed to parse the load request JSON: {e}"))),
+    };
+    let (Some(model_name), Some(url)) = (doc["model_name"].as_str(), doc["url"].as_str()) else {
+        return error_response(&Error::invalid("the load request needs \"model_name\" and \"url\""));
+    };
+    let name = header_str(&headers, TARGET_MODEL).unwrap_or(model_name).to_string();
+    if s.models().contains_key(model_name) {
+        return (StatusCode::CONFLICT, axum::Json(json!({"error": format!("model '{model_name}' is already loaded")})))
+            .into_response();
+    }
+    let dir = match check_url(&s.settings.models_root, url).and_then(|u| model_dir(&u)) {
+        Ok(d) => d,
+        Err(e) => return error_response(&e),
+    };
+    match s.http.engine.repository().load_dir(&name, &dir).await {
+        Ok(()) => {
+            s.models().insert(model_name.to_string(), Loaded { name, url: url.to_string() });
+            StatusCode::OK.into_response()
+        }
+        Err(e) if out_of_memory(e.message()) => {
+            (StatusCode::INSUFFICIENT_STORAGE, axum::Json(json!({"error": e.message()}))).into_response()
+        }
+        Err(e) => error_response(&e),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct Page {
+    next_page_token: Option<String>,
+}
+
+const PAGE: usize = 1000;
+
+async fn list(State(s): State<Arc<SageMakerState>>, Query(page): Query<Page>) -> Response {
+    let start: usize = page.next_page_token.and_then(|t| t.parse().ok()).unwrap_or(0);
+    let models = s.models();
+    let entries: Vec<Value> =
+        models.iter().skip(start).take(PAGE).map(|(k, m)| json!({"modelName": k, "modelUrl": m.url})).collect();
+    let mut body = json!({ "models": entries });
+    if start + PAGE < models.len() {
+        body["nextPageToken"] = Value::String((start + PAGE).to_string());
+    }
+    axum::Json(body).into_response()
+}
+
+fn not_loaded(name: &str) -> Response {
+    (StatusCode::NOT_FOUND, axum::Json(json!({"error": format!("model '{name}' is not loaded")}))).into_response()
+}
+
+async fn describe(State(s): State<Arc<SageMakerState>>, UrlPath(name): UrlPath<String>) -> Response {
+    match s.models().get(&name) {
+        Some(m) => axum::Json(json!({"modelName": name, "modelUrl": m.url})).into_response(),
+        None => not_loaded(&name),
+    }
+}
+
+async fn unload(State(s): State<Arc<SageMakerState>>, UrlPath(name): UrlPath<String>) -> Response {
+    let Some(loaded) = s.models().remove(&name) else { return not_loaded(&name) };
+    match s.http.engine.repository().unload_any(&loaded.name, true).await {
+        Ok(()) => StatusCode::OK.into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn invoke(
+    State(s): State<Arc<SageMakerState>>,
+    UrlPath(name): UrlPath<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let Some(loaded) = s.models().get(&name).cloned() else { return not_loaded(&name) };
+    match run(&s, &loaded.name, &headers, body).await {
+        Ok(r) => r,
+        Err(e) if out_of_memory(e.message()) => {
+            (StatusCode::INSUFFICIENT_STORAGE, axum::Json(json!({"error": e.message()}))).into_response()
+        }
+        Err(e) => error_response(&e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn model_urls_stay_under_the_root() {
+        let root = Path::new("/opt/ml/models");
+        assert!(check_url(root, "/opt/ml/models/abc123/model").is_ok());
+        assert!(check_url(root, "/opt/ml/models/abc.1_2/model/sub").is_ok());
+        for bad in [
+            "/proc/self",
+            "/opt/ml/models/../etc/model",
+            "/opt/ml/models/x/other",
+            "/opt/ml/models/x/model/a/b",
+            "relative",
+        ] {
+            assert!(check_url(root, bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn memory_failures_are_recognised() {
+        assert!(out_of_memory("CUDA out of memory. Tried to allocate"));
+        assert!(!out_of_memory("model file not found"));
+    }
+}
