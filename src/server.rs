@@ -1,6 +1,12 @@
 //! Wiring: backends, the repository and its registry, the engine, and the listeners; start-up
 //! loading; graceful shutdown (stop taking requests, finish those in flight, release models).
-use std::{future::Future, net::SocketAddr, path::PathBuf, sync::Arc, time::Duration};
+use std::{
+    future::Future,
+    net::SocketAddr,
+    path::{Path, PathBuf},
+    sync::Arc,
+    time::Duration,
+};
 
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 
@@ -16,6 +22,7 @@ use crate::{
         embedded,
         loader::{LoadOptions, Loader},
         registry::Registry,
+        sources::Sources,
     },
     settings::{LogControl, Logging, Tracing},
     shm::SharedMemory,
@@ -135,8 +142,8 @@ pub async fn run(
         histogram: config.metrics.as_ref().filter(|m| m.histogram_latencies).map(|_| FIRST_RESPONSE_BUCKETS.to_vec()),
     };
     let loader = Loader::new(backends, Arc::clone(&registry), options);
-    let mode = if config.explicit_model_control { ControlMode::Explicit } else { ControlMode::None };
-    let repository = Arc::new(ModelRepository::new(roots, loader, mode));
+    let sources = Sources::new(&roots, &config.storage.settings, &config.storage.cache_dir)?;
+    let repository = Arc::new(ModelRepository::new(sources, loader, config.control));
     let info = ServerInfo {
         name: config.server_id.clone(),
         version: env!("CARGO_PKG_VERSION").to_string(),
@@ -197,6 +204,18 @@ pub async fn run(
     }
     engine.set_serving();
     tracing::info!(models = registry.serving(None).len(), "ferry is serving");
+    if config.control == ControlMode::Poll {
+        let (repository, mut stop) = (Arc::clone(&repository), stop_rx.clone());
+        let every = Duration::from_secs(config.storage.poll_secs);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(every) => repository.poll().await,
+                    () = stopped(&mut stop) => break,
+                }
+            }
+        });
+    }
 
     shutdown.await;
     tracing::info!("shutting down: finishing requests in flight");
@@ -216,9 +235,8 @@ pub async fn run(
 }
 
 /// Says once, at start, where ferry runs and what it serves.
-fn log_platform(config: &Config, roots: &[PathBuf]) {
+fn log_platform(config: &Config, roots: &[String]) {
     let p = &config.platform;
-    let roots: Vec<String> = roots.iter().map(|r| r.display().to_string()).collect();
     let mut listeners = Vec::new();
     if let Some(v) = &p.vertex {
         listeners.push(format!("Vertex AI {} (health {}, predict {})", v.addr, v.health_route, v.predict_route));
@@ -243,27 +261,23 @@ fn log_platform(config: &Config, roots: &[PathBuf]) {
     tracing::info!(mode = p.mode.name(), listeners = %listeners.join("; "), models = %models, "starting");
 }
 
-/// The repository roots to serve; with none configured, the embedded examples extracted to a
-/// temporary folder (kept alive by the returned guard). SageMaker's model folder may be a
-/// repository root, one model, or a wrapper around a root.
-fn repositories(config: &Config) -> Result<(Vec<PathBuf>, Option<tempfile::TempDir>), String> {
-    let platform_folder = config.platform.repository.as_deref().map(PathBuf::from);
+/// The repositories to serve (folders or storage URLs); with none configured, the embedded
+/// examples extracted to a temporary folder (kept alive by the returned guard). SageMaker's model
+/// folder may be a repository root, one model, or a wrapper around a root.
+fn repositories(config: &Config) -> Result<(Vec<String>, Option<tempfile::TempDir>), String> {
+    let as_strings = |dirs: Vec<PathBuf>| dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>();
     if let Some(sm) = &config.platform.sagemaker
         && config.model_repositories.len() == 1
-        && platform_folder.as_ref() == config.model_repositories.first()
+        && config.platform.repository.as_ref() == config.model_repositories.first()
     {
         let name = sm.default_model.clone().unwrap_or_else(|| "model".to_string());
-        return crate::repository::layout::detect(&config.model_repositories[0], &name);
+        let (dirs, guard) = crate::repository::layout::detect(Path::new(&config.model_repositories[0]), &name)?;
+        return Ok((as_strings(dirs), guard));
     }
     if config.platform.mode == Mode::SageMaker && config.model_repositories.is_empty() {
         return Ok((Vec::new(), None));
     }
     if !config.model_repositories.is_empty() {
-        for root in &config.model_repositories {
-            if !root.is_dir() {
-                return Err(format!("model repository '{}' is not a readable folder", root.display()));
-            }
-        }
         return Ok((config.model_repositories.clone(), None));
     }
     let dir = tempfile::Builder::new()
@@ -272,5 +286,5 @@ fn repositories(config: &Config) -> Result<(Vec<PathBuf>, Option<tempfile::TempD
         .map_err(|e| format!("cannot create a folder for the example repository: {e}"))?;
     let files = embedded::extract(dir.path()).map_err(|e| format!("cannot write the example repository: {e}"))?;
     tracing::info!(folder = %dir.path().display(), files, "no --model-repository given: serving the embedded example repository");
-    Ok((vec![dir.path().to_path_buf()], Some(dir)))
+    Ok((as_strings(vec![dir.path().to_path_buf()]), Some(dir)))
 }

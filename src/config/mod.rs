@@ -10,14 +10,17 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 
 use crate::{
     metrics::MetricsSettings,
+    repository::control::ControlMode,
     settings::TraceSettings,
     telemetry::{LogFormat, otel::OtlpSettings},
 };
 
 mod platform;
+mod storage;
 mod tracing;
 
 pub use platform::{Mode, Platform, SageMakerSettings, VertexSettings};
+pub use storage::Storage;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -42,9 +45,12 @@ enum Command {
 /// Boolean flags read `--flag`, `--flag=true` or `--flag=false`, like tritonserver's.
 #[derive(Args, Debug, Clone)]
 struct ServeArgs {
-    /// Model repository path (repeatable). Without one, the embedded example repository is served.
+    /// Model repository (repeatable): a folder, or `gs://bucket/prefix`, `s3://bucket/prefix`,
+    /// `az://container/prefix`. Without one, the embedded example repository is served.
     #[arg(long = "model-repository", env = "FERRY_MODEL_REPOSITORY", value_delimiter = ',')]
-    model_repository: Vec<PathBuf>,
+    model_repository: Vec<String>,
+    #[command(flatten)]
+    storage: storage::StorageArgs,
     /// HTTP port for KServe v2 (0 = any free port).
     #[arg(long, env = "FERRY_HTTP_PORT", default_value_t = 8000)]
     http_port: u16,
@@ -136,8 +142,9 @@ struct ServeArgs {
     #[arg(long, env = "FERRY_HTTP_MAX_INPUT_SIZE")]
     http_max_input_size: Option<usize>,
     /// `none`: load every model at start; `explicit`: load `--load-model` models, then the
-    /// repository API loads and unloads.
-    #[arg(long, env = "FERRY_MODEL_CONTROL_MODE", default_value = "none", value_parser = ["none", "explicit"])]
+    /// repository API loads and unloads; `poll`: load every model, then follow the repositories'
+    /// changes every `--repository-poll-secs`.
+    #[arg(long, env = "FERRY_MODEL_CONTROL_MODE", default_value = "none", value_parser = ["none", "explicit", "poll"])]
     model_control_mode: String,
     /// Model to load at start in explicit mode (repeatable; `*` = all).
     #[arg(long, env = "FERRY_LOAD_MODEL", value_delimiter = ',')]
@@ -159,8 +166,9 @@ struct ServeArgs {
 /// Everything the server needs to know, resolved once.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// Empty: serve the embedded example repository.
-    pub model_repositories: Vec<PathBuf>,
+    /// Folders or storage URLs; empty: serve the embedded example repository.
+    pub model_repositories: Vec<String>,
+    pub storage: Storage,
     pub http_addr: SocketAddr,
     pub grpc_addr: SocketAddr,
     pub metrics_addr: SocketAddr,
@@ -172,7 +180,7 @@ pub struct Config {
     pub auto_complete: bool,
     pub exit_on_error: bool,
     pub strict_readiness: bool,
-    pub explicit_model_control: bool,
+    pub control: ControlMode,
     /// `--load-model` names (explicit mode).
     pub load_models: Vec<String>,
     pub allow_client_shm: bool,
@@ -248,7 +256,7 @@ impl Config {
             None
         };
         let model_repositories = if a.model_repository.is_empty() {
-            platform.repository.iter().map(PathBuf::from).collect()
+            platform.repository.iter().cloned().collect()
         } else {
             a.model_repository
         };
@@ -262,7 +270,12 @@ impl Config {
             auto_complete: !(a.disable_auto_complete_config || a.strict_model_config),
             exit_on_error: a.exit_on_error,
             strict_readiness: a.strict_readiness,
-            explicit_model_control: platform.explicit_model_control,
+            control: match a.model_control_mode.as_str() {
+                _ if platform.explicit_model_control => ControlMode::Explicit,
+                "poll" => ControlMode::Poll,
+                _ => ControlMode::None,
+            },
+            storage: a.storage.resolve(&env),
             load_models: a.load_model,
             allow_client_shm: a.allow_client_shm,
             log_verbose: platform.log_verbose.unwrap_or(a.log_verbose),
@@ -317,7 +330,7 @@ mod tests {
             "--backend-config=onnxruntime,default-max-batch-size=0",
         ])
         .unwrap();
-        assert_eq!(c.model_repositories, vec![PathBuf::from("/a"), PathBuf::from("/b")]);
+        assert_eq!(c.model_repositories, vec!["/a".to_string(), "/b".to_string()]);
         assert_eq!(c.http_addr.port(), 0);
         assert!(!c.auto_complete);
         assert!(!c.exit_on_error);

@@ -93,14 +93,15 @@ fn index_json(entries: &[IndexEntry]) -> Value {
 }
 
 async fn index(State(s): AppState, body: Bytes) -> Response {
-    reply((|| {
-        let ready = match object(&body)?.get("ready") {
-            None => false,
-            Some(Value::Bool(b)) => *b,
-            Some(v) => return Err(Error::invalid(format!("'ready' must be a boolean, got {v}"))),
-        };
-        Ok(index_json(&s.engine.repository().index(ready)))
-    })())
+    let ready = (|| match object(&body)?.get("ready") {
+        None => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(v) => Err(Error::invalid(format!("'ready' must be a boolean, got {v}"))),
+    })();
+    match ready {
+        Ok(ready) => reply(Ok(index_json(&s.engine.repository().index_fresh(ready).await))),
+        Err(e) => reply(Err(e)),
+    }
 }
 
 async fn index_in(state: AppState, Path(_repo): Path<String>, body: Bytes) -> Response {

@@ -1,8 +1,8 @@
-//! The model repository as the server runs it: start-up loading per control mode, and the
-//! repository extension (index, load with config and file overrides, unload).
+//! The model repository as the server runs it: start-up loading per control mode, poll mode,
+//! and the repository extension (index, load with config and file overrides, unload).
 use std::{
     collections::{BTreeMap, HashMap},
-    path::{Component, Path, PathBuf},
+    path::{Component, Path},
     sync::{Arc, Mutex},
 };
 
@@ -10,7 +10,7 @@ use super::{
     loader::Loader,
     pbtxt,
     registry::{IndexEntry, State},
-    scan,
+    sources::{Found, Place, Plan, Sources},
 };
 use crate::error::{Error, Result};
 
@@ -20,6 +20,8 @@ pub enum ControlMode {
     None,
     /// Load only `--load-model` models at start; the load/unload API decides the rest.
     Explicit,
+    /// Load everything at start, then follow the repositories' changes.
+    Poll,
 }
 
 /// A load through the repository API.
@@ -31,19 +33,39 @@ pub struct LoadRequest {
     pub files: Vec<(String, Vec<u8>)>,
 }
 
+/// What poll mode remembers of a model.
+#[derive(Debug, Clone)]
+struct Seen {
+    /// The model at the last poll, and its fingerprint then.
+    last: Found,
+    fingerprint: String,
+    /// The plan key of the last load (tried, whether or not it loaded).
+    loaded: String,
+    /// Why versions waited at the last poll (said again only when it changes).
+    held: Vec<String>,
+}
+
 pub struct ModelRepository {
-    roots: Vec<PathBuf>,
+    sources: Sources,
     loader: Loader,
     mode: ControlMode,
     /// One load or unload at a time per model.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Folders written from load-request files, kept while their model may use them.
     inline: Mutex<HashMap<String, tempfile::TempDir>>,
+    seen: Mutex<HashMap<String, Seen>>,
 }
 
 impl ModelRepository {
-    pub fn new(roots: Vec<PathBuf>, loader: Loader, mode: ControlMode) -> Self {
-        ModelRepository { roots, loader, mode, locks: Mutex::default(), inline: Mutex::default() }
+    pub fn new(sources: Sources, loader: Loader, mode: ControlMode) -> Self {
+        ModelRepository {
+            sources,
+            loader,
+            mode,
+            locks: Mutex::default(),
+            inline: Mutex::default(),
+            seen: Mutex::default(),
+        }
     }
 
     pub fn loader(&self) -> &Loader {
@@ -55,25 +77,52 @@ impl ModelRepository {
         Arc::clone(locks.entry(name.to_string()).or_default())
     }
 
-    fn find(&self, name: &str) -> Result<PathBuf> {
-        let (found, duplicates) = scan(&self.roots);
+    async fn find(&self, name: &str) -> Result<Found> {
+        let (found, duplicates) =
+            self.sources.scan().await.map_err(|e| Error::unavailable(format!("failed to load '{name}': {e}")))?;
         if let Some((_, reason)) = duplicates.iter().find(|(n, _)| n == name) {
             return Err(Error::invalid(format!("failed to load '{name}': {reason}")));
         }
-        found.into_iter().find(|f| f.name == name).map(|f| f.dir).ok_or_else(|| {
-            let roots: Vec<String> = self.roots.iter().map(|r| r.display().to_string()).collect();
+        found.into_iter().find(|f| f.name == name).ok_or_else(|| {
             Error::invalid(format!(
                 "failed to load '{name}': no model folder named '{name}' in the model repositories ({})",
-                roots.join(", ")
+                self.sources.describe().join(", ")
             ))
         })
     }
 
+    /// Downloads (when remote) and loads what a plan says; the versions serving now keep serving
+    /// if anything fails.
+    async fn load_plan(&self, name: &str, plan: &Plan) -> Result<()> {
+        let dir = match self.sources.fetch(name, plan).await {
+            Ok(dir) => dir,
+            Err(reason) => {
+                tracing::error!(model = name, error = %reason, "model files could not be staged");
+                self.loader.registry().fail_model(name, &reason);
+                return Err(Error::unavailable(format!("failed to load '{name}': {reason}")));
+            }
+        };
+        self.loader.load(name, &dir, None).await
+    }
+
+    fn remember(&self, found: &Found, plan: &Plan) {
+        let seen = Seen {
+            last: found.clone(),
+            fingerprint: found.fingerprint(),
+            loaded: plan.key.clone(),
+            held: plan.held.clone(),
+        };
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(found.name.clone(), seen);
+    }
+
     /// Loads what the control mode says to load at start-up; returns a line per failure.
     pub async fn load_startup(self: &Arc<Self>, load_models: &[String]) -> Vec<String> {
-        let (found, duplicates) = scan(&self.roots);
+        let (found, duplicates) = match self.sources.scan().await {
+            Ok(f) => f,
+            Err(e) => return vec![e],
+        };
         let mut failures: Vec<String> = Vec::new();
-        let everything = self.mode == ControlMode::None || load_models.iter().any(|m| m == "*");
+        let everything = self.mode != ControlMode::Explicit || load_models.iter().any(|m| m == "*");
         let wanted: Vec<_> = if everything {
             for (name, reason) in duplicates {
                 tracing::error!(model = %name, error = %reason, "model not loaded");
@@ -94,7 +143,10 @@ impl ModelRepository {
                 let (repo, limit) = (Arc::clone(self), Arc::clone(&limit));
                 tokio::spawn(async move {
                     let _permit = limit.acquire().await;
-                    repo.loader.load(&f.name, &f.dir, None).await
+                    let plan = repo.sources.plan(&f, None).await;
+                    say_held(&f.name, &plan);
+                    repo.remember(&f, &plan);
+                    repo.load_plan(&f.name, &plan).await
                 })
             })
             .collect();
@@ -108,10 +160,63 @@ impl ModelRepository {
         failures
     }
 
+    /// One poll: loads new models, reloads changed ones once their changes settle, unloads
+    /// removed ones. A reload that fails leaves what served serving.
+    pub async fn poll(&self) {
+        let (found, duplicates) = match self.sources.scan().await {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "poll: cannot list the model repositories; nothing changes");
+                return;
+            }
+        };
+        for f in found.iter() {
+            let before = self.seen.lock().unwrap_or_else(|p| p.into_inner()).get(&f.name).cloned();
+            let plan = self.sources.plan(f, before.as_ref().map(|s| &s.last)).await;
+            let fingerprint = f.fingerprint();
+            // A local folder must stay as it is for one poll; remote versions settle by the
+            // completeness rule inside the plan.
+            let settled =
+                matches!(f.place, Place::Remote(..)) || before.as_ref().is_none_or(|s| s.fingerprint == fingerprint);
+            let unchanged = before.as_ref().is_some_and(|s| s.loaded == plan.key);
+            if before.as_ref().is_none_or(|s| s.held != plan.held) {
+                say_held(&f.name, &plan);
+            }
+            let loaded = if settled && !unchanged && plan.versions > 0 {
+                let lock = self.lock_for(&f.name);
+                let _guard = lock.lock().await;
+                tracing::info!(model = %f.name, "poll: loading the model's new or changed files");
+                if let Err(e) = self.load_plan(&f.name, &plan).await {
+                    tracing::error!(model = %f.name, error = %e, "poll: load failed; what served keeps serving");
+                }
+                plan.key
+            } else {
+                before.map(|s| s.loaded).unwrap_or_default()
+            };
+            let seen = Seen { last: f.clone(), fingerprint, loaded, held: plan.held };
+            self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(f.name.clone(), seen);
+        }
+        let gone: Vec<String> = self
+            .seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .filter(|n| !found.iter().any(|f| &f.name == *n) && !duplicates.iter().any(|(d, _)| d == *n))
+            .cloned()
+            .collect();
+        for name in gone {
+            tracing::info!(model = %name, "poll: the model left the repositories; unloading");
+            let lock = self.lock_for(&name);
+            let _guard = lock.lock().await;
+            self.loader.unload(&name);
+            self.seen.lock().unwrap_or_else(|p| p.into_inner()).remove(&name);
+        }
+    }
+
     fn check_explicit(&self) -> Result<()> {
         match self.mode {
             ControlMode::Explicit => Ok(()),
-            ControlMode::None => Err(Error::unavailable(
+            ControlMode::None | ControlMode::Poll => Err(Error::unavailable(
                 "explicit model load / unload is not allowed if polling is enabled (start ferry with --model-control-mode=explicit)",
             )),
         }
@@ -121,8 +226,8 @@ impl ModelRepository {
     /// states; `ready_only` keeps the READY ones.
     pub fn index(&self, ready_only: bool) -> Vec<IndexEntry> {
         let mut entries: BTreeMap<String, Vec<IndexEntry>> = BTreeMap::new();
-        for f in scan(&self.roots).0 {
-            entries.entry(f.name.clone()).or_default();
+        for name in self.sources.names_now() {
+            entries.entry(name).or_default();
         }
         for e in self.loader.registry().index() {
             entries.entry(e.name.clone()).or_default().push(e);
@@ -152,7 +257,17 @@ impl ModelRepository {
             None => None,
         };
         if req.files.is_empty() {
-            let dir = self.find(name)?;
+            let found = self.find(name).await?;
+            let plan = self.sources.plan(&found, None).await;
+            say_held(name, &plan);
+            if config.is_none() {
+                return self.load_plan(name, &plan).await;
+            }
+            let dir = self
+                .sources
+                .fetch(name, &plan)
+                .await
+                .map_err(|e| Error::unavailable(format!("failed to load '{name}': {e}")))?;
             return self.loader.load(name, &dir, config).await;
         }
         if config.is_none() {
@@ -184,7 +299,13 @@ impl ModelRepository {
 
     /// Download progress of remote repositories (bytes done and total), while there is some.
     pub fn progress(&self) -> Option<serde_json::Value> {
-        None
+        self.sources.progress()
+    }
+
+    /// `index` after listing the remote repositories again.
+    pub async fn index_fresh(&self, ready_only: bool) -> Vec<IndexEntry> {
+        self.sources.refresh().await;
+        self.index(ready_only)
     }
 
     /// Takes a model out of service; requests it admitted still finish.
@@ -200,6 +321,12 @@ impl ModelRepository {
         self.loader.unload(name);
         self.inline.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
         Ok(())
+    }
+}
+
+fn say_held(model: &str, plan: &Plan) {
+    for why in &plan.held {
+        tracing::info!(model, "{why}");
     }
 }
 

@@ -4,6 +4,7 @@ use std::path::{Path, PathBuf};
 
 use crate::proto::inference::{ModelVersionPolicy, model_version_policy::PolicyChoice};
 
+pub mod complete;
 pub mod config;
 pub mod control;
 pub mod embedded;
@@ -11,6 +12,8 @@ pub mod layout;
 pub mod loader;
 pub mod pbtxt;
 pub mod registry;
+pub mod sources;
+pub mod storage;
 pub mod warmup;
 
 /// A model folder found in a repository.

@@ -20,7 +20,10 @@ pub fn parse(text: &str) -> Result<ModelConfig, String> {
             .map(|label| original_offset(label.offset(), &inserted))
             .unwrap_or(text.len());
         let (line, col) = line_col(text, at);
-        format!("line {line}, column {col}: {e}")
+        match field_before(text, at) {
+            Some(field) => format!("line {line}, column {col}: field '{field}': {e}"),
+            None => format!("line {line}, column {col}: {e}"),
+        }
     })?;
     msg.transcode_to::<ModelConfig>().map_err(|e| format!("config does not fit ModelConfig: {e}"))
 }
@@ -143,6 +146,14 @@ fn original_offset(offset: usize, inserted: &[usize]) -> usize {
 }
 
 /// 1-based line and column of a byte offset.
+/// The field whose value starts at `at` (`name: <at>`), when the error is about a value.
+fn field_before(text: &str, at: usize) -> Option<&str> {
+    let before = text.get(..at)?.trim_end().strip_suffix(':')?.trim_end();
+    let start = before.rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).map_or(0, |i| i + 1);
+    let field = &before[start..];
+    (!field.is_empty()).then_some(field)
+}
+
 fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
@@ -216,7 +227,9 @@ parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
         assert!(err.contains("dimz"), "{err}");
         let err = parse("max_batch_size: 8\ninput [ { data_type: TYPE_FP33 } ]").unwrap_err();
         assert!(err.starts_with("line 2, column 22:"), "{err}");
-        assert!(err.contains("TYPE_FP33"), "{err}");
+        assert!(err.contains("TYPE_FP33") && err.contains("field 'data_type'"), "{err}");
+        let err = parse("name: \"m\"\nmax_batch_size: \"eight\"\n").unwrap_err();
+        assert!(err.contains("field 'max_batch_size'") && err.contains("integer"), "{err}");
     }
 
     #[test]

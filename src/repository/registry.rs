@@ -176,17 +176,28 @@ impl Registry {
 
     /// Installs the outcome of a load in one step. Versions that loaded replace what served
     /// before; versions that failed leave an old copy serving when there is one; versions
-    /// outside the new set leave service. Returns the versions to retire.
+    /// outside the new set leave service, unless some new version failed: then they keep
+    /// serving until a load succeeds whole. Returns the versions to retire.
     pub fn install(&self, name: &str, outcomes: BTreeMap<u64, VersionOutcome>) -> Vec<Arc<ModelVersion>> {
         let mut models = self.write();
         let entry = models.entry(name.to_string()).or_default();
         entry.reason = None;
         entry.unloaded = false;
         let mut retired = Vec::new();
+        let failed: Vec<String> =
+            outcomes.iter().filter_map(|(v, o)| o.as_ref().err().map(|e| format!("version {v}: {e}"))).collect();
         let old: Vec<u64> = entry.versions.keys().copied().collect();
         for v in old.into_iter().filter(|v| !outcomes.contains_key(v)) {
-            if let Some(slot) = entry.versions.remove(&v) {
-                retired.extend(slot.serving);
+            if failed.is_empty() {
+                if let Some(slot) = entry.versions.remove(&v) {
+                    retired.extend(slot.serving);
+                }
+            } else if let Some(slot) = entry.versions.get_mut(&v) {
+                if slot.serving.is_some() {
+                    slot.reason = format!("kept serving: its replacement failed to load ({})", failed.join("; "));
+                } else {
+                    entry.versions.remove(&v);
+                }
             }
         }
         for (v, outcome) in outcomes {

@@ -188,7 +188,7 @@ impl service::GrpcInferenceService for Grpc {
         if !r.repository_name.is_empty() {
             return Err(status(Error::unsupported("'repository_name' specification is not supported")));
         }
-        Ok(Response::new(admin::index(&self.engine.repository().index(r.ready))))
+        Ok(Response::new(admin::index(&self.engine.repository().index_fresh(r.ready).await)))
     }
 
     async fn repository_model_load(

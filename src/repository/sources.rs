@@ -1,0 +1,447 @@
+//! Where model folders come from: local folders, or object-storage prefixes copied to a local
+//! cache first. A remote model is loaded only from a complete, verified staging copy: objects are
+//! cached by (store, path, tag, size) and reused across restarts on the same disk; a model's
+//! staging folder is assembled from them under a temporary name and renamed into place whole.
+//! Which version folders are complete is `complete`'s rule.
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicUsize, Ordering},
+    },
+    time::Instant,
+};
+
+use futures_util::{StreamExt, TryStreamExt, stream};
+
+use super::{
+    Found as LocalFound,
+    complete::{self, Digest, MANIFEST, Manifest},
+    scan as scan_local,
+    storage::{Object, Progress, Remote, StorageSettings, md5_file, md5_hex, sha256_file},
+};
+
+pub enum Root {
+    Local(PathBuf),
+    /// Opened (credentials found) on first use, so that the server listens first.
+    Remote(String, Box<tokio::sync::OnceCell<Remote>>),
+}
+
+impl Root {
+    pub fn describe(&self) -> String {
+        match self {
+            Root::Local(p) => p.display().to_string(),
+            Root::Remote(url, _) => url.trim_end_matches('/').to_string(),
+        }
+    }
+}
+
+/// Where one model's files are.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Place {
+    Local(PathBuf),
+    /// Objects relative to the remote root (`<model>/...`), with the root's index.
+    Remote(usize, Vec<Object>),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    pub name: String,
+    pub place: Place,
+}
+
+impl Found {
+    /// Changes when anything of the model changes (names, sizes, times or tags).
+    pub fn fingerprint(&self) -> String {
+        match &self.place {
+            Place::Local(dir) => {
+                let mut entries = Vec::new();
+                walk(dir, dir, &mut entries);
+                entries.sort();
+                md5_hex(&entries.join("\n"))
+            }
+            Place::Remote(_, objects) => md5_hex(
+                &objects.iter().map(|o| format!("{}:{}:{}", o.rel, o.size, o.tag)).collect::<Vec<_>>().join("\n"),
+            ),
+        }
+    }
+}
+
+fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = e.path();
+        let meta = e.metadata().ok();
+        let modified = meta
+            .as_ref()
+            .and_then(|m| m.modified().ok())
+            .map_or(0, |t| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        let rel = p.strip_prefix(root).map_or_else(|_| p.display().to_string(), |r| r.display().to_string());
+        out.push(format!("{rel}:{}:{modified}", meta.map_or(0, |m| m.len())));
+        if p.is_dir() {
+            walk(root, &p, out);
+        }
+    }
+}
+
+pub struct Sources {
+    roots: Vec<Root>,
+    cache: PathBuf,
+    settings: StorageSettings,
+    progress: Arc<Progress>,
+    /// The last listing of each remote root, for the names the index shows.
+    listings: Mutex<HashMap<usize, Vec<Object>>>,
+    manifest_cache: Mutex<HashMap<String, Result<Manifest, String>>>,
+    /// Downloads running now.
+    downloading: AtomicUsize,
+    /// Staging holds it shared; cache clean-up alone.
+    gc: tokio::sync::RwLock<()>,
+}
+
+/// What a load would load, decided before anything is downloaded.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Changes whenever what would be loaded changes.
+    pub key: String,
+    /// Why some versions wait.
+    pub held: Vec<String>,
+    /// Usable version folders.
+    pub versions: usize,
+    source: PlanSource,
+}
+
+impl Plan {
+    fn failed(reason: String) -> Plan {
+        Plan { key: String::new(), held: Vec::new(), versions: 0, source: PlanSource::Failed(reason) }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum PlanSource {
+    Failed(String),
+    Local(PathBuf),
+    Remote { root: usize, usable: Vec<Object>, checks: Vec<(String, Digest)> },
+}
+
+/// Checks staged files against their manifests' digests.
+fn verify_digests(base: &Path, checks: &[(String, Digest)]) -> Result<(), String> {
+    for (rel, digest) in checks {
+        let file = base.join(rel);
+        let (got, want, kind) = match digest {
+            Digest::Md5(want) => (md5_file(&file)?, want, "MD5"),
+            Digest::Sha256(want) => (sha256_file(&file)?, want, "SHA-256"),
+        };
+        if &got != want {
+            return Err(format!("'{rel}' has {kind} {got}, its {MANIFEST} says {want}"));
+        }
+    }
+    Ok(())
+}
+
+impl Sources {
+    /// Checks local folders now; buckets are opened on first use.
+    pub fn new(locations: &[String], settings: &StorageSettings, cache: &Path) -> Result<Sources, String> {
+        let mut roots = Vec::new();
+        for l in locations {
+            if Remote::is_remote(l) {
+                roots.push(Root::Remote(l.clone(), Box::default()));
+            } else {
+                let p = PathBuf::from(l.strip_prefix("file://").unwrap_or(l));
+                if !p.is_dir() {
+                    return Err(format!("model repository '{}' is not a readable folder", p.display()));
+                }
+                roots.push(Root::Local(p));
+            }
+        }
+        Ok(Sources {
+            roots,
+            cache: cache.to_path_buf(),
+            settings: settings.clone(),
+            progress: Arc::default(),
+            listings: Mutex::default(),
+            manifest_cache: Mutex::default(),
+            downloading: AtomicUsize::new(0),
+            gc: tokio::sync::RwLock::new(()),
+        })
+    }
+
+    pub fn describe(&self) -> Vec<String> {
+        self.roots.iter().map(Root::describe).collect()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.roots.is_empty()
+    }
+
+    /// Every model folder, listing each remote root once. A name in two roots is an error for
+    /// that name.
+    pub async fn scan(&self) -> Result<(Vec<Found>, Vec<(String, String)>), String> {
+        let mut found: Vec<(Found, String)> = Vec::new();
+        let local: Vec<PathBuf> =
+            self.roots.iter().filter_map(|r| if let Root::Local(p) = r { Some(p.clone()) } else { None }).collect();
+        let (local_found, mut duplicates) = scan_local(&local);
+        for LocalFound { name, dir } in local_found {
+            let at = dir.display().to_string();
+            found.push((Found { name, place: Place::Local(dir) }, at));
+        }
+        for (i, root) in self.roots.iter().enumerate() {
+            let Root::Remote(..) = root else { continue };
+            let remote = self.remote(i).await?;
+            let objects = remote.list().await?;
+            let mut by_model: HashMap<String, Vec<Object>> = HashMap::new();
+            for o in &objects {
+                if let Some((model, rest)) = o.rel.split_once('/')
+                    && !rest.is_empty()
+                {
+                    by_model.entry(model.to_string()).or_default().push(o.clone());
+                }
+            }
+            self.listings.lock().unwrap_or_else(|p| p.into_inner()).insert(i, objects);
+            for (name, objects) in by_model {
+                found.push((
+                    Found { name: name.clone(), place: Place::Remote(i, objects) },
+                    format!("{}/{name}", remote.url()),
+                ));
+            }
+        }
+        found.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        let mut out: Vec<Found> = Vec::new();
+        for (f, at) in found {
+            if duplicates.iter().any(|(n, _)| *n == f.name) {
+                continue;
+            }
+            if let Some(pos) = out.iter().position(|o| o.name == f.name) {
+                out.remove(pos);
+                duplicates.push((f.name.clone(), format!("model '{}' is in two repositories, one at '{at}'", f.name)));
+            } else {
+                out.push(f);
+            }
+        }
+        Ok((out, duplicates))
+    }
+
+    /// Lists the remote roots again (for the repository index).
+    pub async fn refresh(&self) {
+        if self.roots.iter().any(|r| matches!(r, Root::Remote(..)))
+            && let Err(e) = self.scan().await
+        {
+            tracing::warn!(error = %e, "cannot list the model repositories");
+        }
+    }
+
+    /// Names known without listing again: local folders now, remote ones from the last listing.
+    pub fn names_now(&self) -> Vec<String> {
+        let local: Vec<PathBuf> =
+            self.roots.iter().filter_map(|r| if let Root::Local(p) = r { Some(p.clone()) } else { None }).collect();
+        let mut names: Vec<String> = scan_local(&local).0.into_iter().map(|f| f.name).collect();
+        for objects in self.listings.lock().unwrap_or_else(|p| p.into_inner()).values() {
+            names.extend(objects.iter().filter_map(|o| o.rel.split_once('/').map(|(m, _)| m.to_string())));
+        }
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// What loading the model now would load. `previous`: the model at the last poll.
+    pub async fn plan(&self, found: &Found, previous: Option<&Found>) -> Plan {
+        match &found.place {
+            Place::Local(dir) => Plan {
+                key: found.fingerprint(),
+                held: Vec::new(),
+                versions: usize::from(!super::version_dirs(dir).is_empty()),
+                source: PlanSource::Local(dir.clone()),
+            },
+            Place::Remote(i, objects) => {
+                let remote = match self.remote(*i).await {
+                    Ok(r) => r,
+                    Err(e) => return Plan::failed(e),
+                };
+                let before =
+                    previous.and_then(|p| if let Place::Remote(_, o) = &p.place { Some(o.as_slice()) } else { None });
+                let manifests = self.manifests(remote, objects).await;
+                let selection = complete::select(objects, before, &manifests);
+                let key = md5_hex(
+                    &selection
+                        .usable
+                        .iter()
+                        .map(|o| format!("{}:{}:{}", o.rel, o.size, o.tag))
+                        .collect::<Vec<_>>()
+                        .join("\n"),
+                );
+                Plan {
+                    key,
+                    held: selection.held,
+                    versions: selection.versions,
+                    source: PlanSource::Remote { root: *i, usable: selection.usable, checks: selection.checks },
+                }
+            }
+        }
+    }
+
+    async fn remote(&self, i: usize) -> Result<&Remote, String> {
+        let Root::Remote(url, cell) = &self.roots[i] else { unreachable!("root {i} is a local folder") };
+        cell.get_or_try_init(|| Remote::open(url, &self.settings)).await
+    }
+
+    /// The manifests of a model's version folders, read once per (object, tag).
+    async fn manifests(&self, remote: &Remote, objects: &[Object]) -> HashMap<String, Result<Manifest, String>> {
+        let mut out = HashMap::new();
+        for o in objects.iter().filter(|o| o.rel.ends_with(&format!("/{MANIFEST}"))) {
+            let Some(v) = complete::version_of(&o.rel) else { continue };
+            let key = format!("{}/{}#{}", remote.url(), o.rel, o.tag);
+            let cached = self.manifest_cache.lock().unwrap_or_else(|p| p.into_inner()).get(&key).cloned();
+            let parsed = match cached {
+                Some(m) => m,
+                None => {
+                    let m = remote.read(&o.rel).await.and_then(|bytes| Manifest::parse(&bytes));
+                    self.manifest_cache.lock().unwrap_or_else(|p| p.into_inner()).insert(key, m.clone());
+                    m
+                }
+            };
+            out.insert(v.to_string(), parsed);
+        }
+        out
+    }
+
+    /// The local folder to load a plan from: the model's own folder, or a verified staging copy.
+    pub async fn fetch(&self, name: &str, plan: &Plan) -> Result<PathBuf, String> {
+        match &plan.source {
+            PlanSource::Failed(reason) => Err(reason.clone()),
+            PlanSource::Local(dir) => Ok(dir.clone()),
+            PlanSource::Remote { root, usable, checks } => {
+                let remote = self.remote(*root).await?;
+                let dir = self.stage(remote, name, usable).await?;
+                let base = dir.parent().unwrap_or(&dir).to_path_buf();
+                let checks = checks.clone();
+                tokio::task::spawn_blocking(move || verify_digests(&base, &checks))
+                    .await
+                    .map_err(|e| format!("digest check failed: {e}"))??;
+                Ok(dir)
+            }
+        }
+    }
+
+    async fn stage(&self, remote: &Remote, model: &str, objects: &[Object]) -> Result<PathBuf, String> {
+        let dir = {
+            let _staging = self.gc.read().await;
+            self.stage_locked(remote, model, objects).await?
+        };
+        self.collect_garbage(model, &dir).await;
+        Ok(dir.join(model))
+    }
+
+    /// Removes the model's older staging copies, then cached objects no staging copy links to.
+    async fn collect_garbage(&self, model: &str, keep: &Path) {
+        use std::os::unix::fs::MetadataExt;
+        let _alone = self.gc.write().await;
+        for e in std::fs::read_dir(self.cache.join("models")).into_iter().flatten().flatten() {
+            let p = e.path();
+            let partial = p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.contains(".partial"));
+            if p != keep && !partial && p.join(model).is_dir() {
+                let _ = std::fs::remove_dir_all(&p);
+            }
+        }
+        let mut freed = 0u64;
+        for e in std::fs::read_dir(self.cache.join("objects")).into_iter().flatten().flatten() {
+            if let Ok(meta) = e.metadata()
+                && meta.is_file()
+                && meta.nlink() == 1
+                && std::fs::remove_file(e.path()).is_ok()
+            {
+                freed += meta.len();
+            }
+        }
+        if freed > 0 {
+            tracing::debug!(bytes = freed, "model cache: removed files no model uses");
+        }
+    }
+
+    async fn stage_locked(&self, remote: &Remote, model: &str, objects: &[Object]) -> Result<PathBuf, String> {
+        let store_dir = self.cache.join("objects");
+        std::fs::create_dir_all(&store_dir)
+            .map_err(|e| format!("cannot create the cache {}: {e}", store_dir.display()))?;
+        let key = |o: &Object| md5_hex(&format!("{}/{}#{}#{}", remote.url(), o.rel, o.tag, o.size));
+        let missing: Vec<&Object> = objects
+            .iter()
+            .filter(|o| std::fs::metadata(store_dir.join(key(o))).map_or(true, |m| m.len() != o.size))
+            .collect();
+        let bytes: u64 = missing.iter().map(|o| o.size).sum();
+        if !missing.is_empty() {
+            let started = Instant::now();
+            if self.downloading.fetch_add(1, Ordering::SeqCst) == 0 {
+                self.progress.done.store(0, Ordering::Relaxed);
+                self.progress.total.store(0, Ordering::Relaxed);
+            }
+            self.progress.total.fetch_add(bytes, Ordering::Relaxed);
+            tracing::info!(
+                model,
+                objects = missing.len(),
+                bytes,
+                cached = objects.len() - missing.len(),
+                "downloading model files"
+            );
+            // Futures gathered first: a closure inside the stream's type would make the
+            // spawned task's future not Send (rust-lang/rust#102211).
+            let fetches: Vec<_> = missing
+                .iter()
+                .map(|o| {
+                    let dest = store_dir.join(key(o));
+                    async move { remote.fetch(o, &dest, &self.progress).await }
+                })
+                .collect();
+            let download =
+                stream::iter(fetches).buffer_unordered(self.settings.parallel.max(1)).try_collect::<Vec<()>>();
+            tokio::pin!(download);
+            let mut tick = tokio::time::interval(std::time::Duration::from_secs(5));
+            tick.tick().await;
+            let result = loop {
+                tokio::select! {
+                    r = &mut download => break r,
+                    _ = tick.tick() => {
+                        let (done, total) = (self.progress.done.load(Ordering::Relaxed), self.progress.total.load(Ordering::Relaxed));
+                        tracing::info!(model, bytes_done = done, bytes_total = total, "downloading");
+                    }
+                }
+            };
+            self.downloading.fetch_sub(1, Ordering::SeqCst);
+            result.map_err(|e| format!("download of model '{model}' failed: {e}"))?;
+            let secs = started.elapsed().as_secs_f64();
+            tracing::info!(
+                model,
+                bytes,
+                seconds = secs,
+                mib_per_s = bytes as f64 / 1048576.0 / secs.max(1e-6),
+                "downloaded"
+            );
+        }
+        let digest = md5_hex(&objects.iter().map(|o| format!("{}={}", o.rel, key(o))).collect::<Vec<_>>().join("\n"));
+        let models_dir = self.cache.join("models");
+        let dir = models_dir.join(&digest);
+        if !dir.is_dir() {
+            let partial = models_dir.join(format!("{digest}.partial-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&partial);
+            for o in objects {
+                let target = partial.join(&o.rel);
+                std::fs::create_dir_all(target.parent().unwrap_or(&partial)).map_err(|e| e.to_string())?;
+                let from = store_dir.join(key(o));
+                if std::fs::hard_link(&from, &target).is_err() {
+                    std::fs::copy(&from, &target).map_err(|e| format!("cannot stage '{}': {e}", o.rel))?;
+                }
+            }
+            std::fs::rename(&partial, &dir)
+                .map_err(|e| format!("cannot move the staging copy of '{model}' into place: {e}"))?;
+        }
+        Ok(dir)
+    }
+
+    /// Bytes fetched of those to fetch, while a download runs.
+    pub fn progress(&self) -> Option<serde_json::Value> {
+        if self.downloading.load(Ordering::SeqCst) == 0 {
+            return None;
+        }
+        let (done, total) = (self.progress.done.load(Ordering::Relaxed), self.progress.total.load(Ordering::Relaxed));
+        Some(
+            serde_json::json!({"bytes_done": done, "bytes_total": total, "detail": format!("downloading {done} of {total} bytes")}),
+        )
+    }
+}

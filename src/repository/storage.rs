@@ -1,0 +1,383 @@
+//! Model repositories in object storage (`gs://`, `s3://`, `az://`) through object_store: the only
+//! file that names object_store and the AWS SDK. Credentials follow each cloud's default chain
+//! (never an anonymous fallback unless asked for); objects are listed once and fetched with
+//! bounded parallelism, large ones in ranged parts, each verified (size, and MD5 when the ETag is
+//! one) before it is renamed into the cache.
+use std::{
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+    time::{Duration, SystemTime},
+};
+
+use aws_credential_types::provider::ProvideCredentials;
+use futures_util::{StreamExt, TryStreamExt, stream};
+use md5::{Digest, Md5};
+use object_store::{
+    ClientOptions, CredentialProvider, ObjectStore, ObjectStoreExt, RetryConfig,
+    aws::{AmazonS3Builder, AwsCredential},
+    azure::MicrosoftAzureBuilder,
+    gcp::GoogleCloudStorageBuilder,
+    path::Path as ObjPath,
+};
+
+/// How to reach object storage, from the command line and the environment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageSettings {
+    /// An S3-compatible endpoint (path-style addressing), e.g. MinIO or moto.
+    pub s3_endpoint: Option<String>,
+    pub s3_region: Option<String>,
+    /// A GCS endpoint other than Google's (an emulator).
+    pub gcs_endpoint: Option<String>,
+    /// GOOGLE_APPLICATION_CREDENTIALS.
+    pub gcs_credentials: Option<PathBuf>,
+    /// Read without credentials (public buckets, emulators). Never a silent fallback.
+    pub anonymous: bool,
+    /// Objects fetched at once.
+    pub parallel: usize,
+    /// Objects larger than this are fetched in ranged parts of this size.
+    pub part_size: u64,
+    pub retries: usize,
+}
+
+impl Default for StorageSettings {
+    fn default() -> Self {
+        StorageSettings {
+            s3_endpoint: None,
+            s3_region: None,
+            gcs_endpoint: None,
+            gcs_credentials: None,
+            anonymous: false,
+            parallel: 16,
+            part_size: 16 << 20,
+            retries: 5,
+        }
+    }
+}
+
+/// One object under a repository prefix.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Object {
+    /// Path relative to the repository prefix, `/`-separated.
+    pub rel: String,
+    pub size: u64,
+    /// What changes when the content does: ETag, else generation/version, else the mtime.
+    pub tag: String,
+}
+
+/// Bytes fetched and to fetch, shared with whoever reports progress.
+#[derive(Debug, Default)]
+pub struct Progress {
+    pub done: AtomicU64,
+    pub total: AtomicU64,
+}
+
+pub struct Remote {
+    url: String,
+    bucket: String,
+    prefix: String,
+    store: Arc<dyn ObjectStore>,
+    /// Who we are to the store, for the log and for access errors.
+    principal: String,
+    settings: StorageSettings,
+}
+
+fn client_options(allow_http: bool) -> ClientOptions {
+    ClientOptions::new().with_allow_http(allow_http).with_connect_timeout(Duration::from_secs(10))
+}
+
+fn retry(n: usize) -> RetryConfig {
+    RetryConfig { max_retries: n, ..RetryConfig::default() }
+}
+
+/// AWS's default credential chain (environment, profiles and SSO, web identity, ECS, IMDSv2),
+/// cached until five minutes before expiry.
+#[derive(Debug)]
+struct AwsChain {
+    provider: aws_credential_types::provider::SharedCredentialsProvider,
+    cached: tokio::sync::Mutex<Option<(Arc<AwsCredential>, Option<SystemTime>)>>,
+}
+
+#[async_trait::async_trait]
+impl CredentialProvider for AwsChain {
+    type Credential = AwsCredential;
+
+    async fn get_credential(&self) -> object_store::Result<Arc<AwsCredential>> {
+        let mut cached = self.cached.lock().await;
+        let fresh = |exp: &Option<SystemTime>| exp.is_none_or(|e| e > SystemTime::now() + Duration::from_secs(300));
+        if let Some((c, exp)) = cached.as_ref()
+            && fresh(exp)
+        {
+            return Ok(Arc::clone(c));
+        }
+        let creds = self.provider.provide_credentials().await.map_err(|e| object_store::Error::Generic {
+            store: "S3",
+            source: format!("AWS credentials: {e}").into(),
+        })?;
+        let c = Arc::new(AwsCredential {
+            key_id: creds.access_key_id().to_string(),
+            secret_key: creds.secret_access_key().to_string(),
+            token: creds.session_token().map(str::to_string),
+        });
+        *cached = Some((Arc::clone(&c), creds.expiry()));
+        Ok(c)
+    }
+}
+
+async fn s3(bucket: &str, s: &StorageSettings) -> Result<(Arc<dyn ObjectStore>, String), String> {
+    let mut b = AmazonS3Builder::new().with_bucket_name(bucket).with_retry(retry(s.retries));
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await;
+    let region = match (&s.s3_region, sdk.region(), &s.s3_endpoint) {
+        (Some(r), _, _) => r.clone(),
+        (None, Some(r), _) => r.to_string(),
+        (None, None, Some(_)) => "us-east-1".to_string(),
+        (None, None, None) => object_store::aws::resolve_bucket_region(bucket, &client_options(false))
+            .await
+            .map_err(|e| format!("cannot find the region of bucket '{bucket}' (set AWS_REGION): {e}"))?,
+    };
+    b = b.with_region(&region);
+    if let Some(endpoint) = &s.s3_endpoint {
+        b = b
+            .with_endpoint(endpoint)
+            .with_virtual_hosted_style_request(false)
+            .with_client_options(client_options(endpoint.starts_with("http://")));
+    }
+    let principal = if s.anonymous {
+        b = b.with_skip_signature(true);
+        "anonymous (--storage-anonymous)".to_string()
+    } else {
+        let provider = sdk.credentials_provider().ok_or_else(|| {
+            format!("no AWS credentials for s3://{bucket}: the default chain (environment, profile, web identity, ECS, instance metadata) found none; pass --storage-anonymous for a public bucket")
+        })?;
+        let creds =
+            provider.provide_credentials().await.map_err(|e| format!("no AWS credentials for s3://{bucket}: {e}"))?;
+        let principal = caller_identity(&sdk, s).await.unwrap_or_else(|| {
+            let k = creds.access_key_id();
+            format!("access key {}…{}", &k[..k.len().min(4)], &k[k.len().saturating_sub(4)..])
+        });
+        b = b.with_credentials(Arc::new(AwsChain { provider, cached: Default::default() }));
+        principal
+    };
+    let store = b.build().map_err(|e| format!("cannot open s3://{bucket}: {e}"))?;
+    tracing::info!(bucket, region = %region, principal = %principal, "using AWS credentials");
+    Ok((Arc::new(store), principal))
+}
+
+/// The ARN STS reports for the credentials, when STS answers.
+async fn caller_identity(sdk: &aws_config::SdkConfig, s: &StorageSettings) -> Option<String> {
+    let mut conf = aws_sdk_sts::config::Builder::from(sdk);
+    if let Some(endpoint) = &s.s3_endpoint {
+        conf = conf.endpoint_url(endpoint);
+    }
+    let client = aws_sdk_sts::Client::from_conf(conf.build());
+    let who = tokio::time::timeout(Duration::from_secs(5), client.get_caller_identity().send()).await.ok()?.ok()?;
+    who.arn().map(str::to_string)
+}
+
+fn gcs(bucket: &str, s: &StorageSettings) -> Result<(Arc<dyn ObjectStore>, String), String> {
+    let mut b = GoogleCloudStorageBuilder::new().with_bucket_name(bucket).with_retry(retry(s.retries));
+    if let Some(endpoint) = &s.gcs_endpoint {
+        b = b.with_base_url(endpoint).with_client_options(client_options(endpoint.starts_with("http://")));
+    }
+    let principal = if s.anonymous {
+        b = b.with_skip_signature(true);
+        "anonymous (--storage-anonymous)".to_string()
+    } else if let Some(path) = &s.gcs_credentials {
+        b = b.with_application_credentials(path.display().to_string());
+        let email = std::fs::read_to_string(path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v["client_email"].as_str().map(str::to_string));
+        email.unwrap_or_else(|| format!("application default credentials from {}", path.display()))
+    } else {
+        "the metadata server's service account (workload identity)".to_string()
+    };
+    let store = b.build().map_err(|e| format!("cannot open gs://{bucket}: {e}"))?;
+    tracing::info!(bucket, principal = %principal, "using Google credentials");
+    Ok((Arc::new(store), principal))
+}
+
+fn azure(account_and_container: &str, s: &StorageSettings) -> Result<(Arc<dyn ObjectStore>, String), String> {
+    let mut b =
+        MicrosoftAzureBuilder::from_env().with_container_name(account_and_container).with_retry(retry(s.retries));
+    if s.anonymous {
+        b = b.with_skip_signature(true);
+    }
+    let store = b.build().map_err(|e| format!("cannot open az://{account_and_container}: {e}"))?;
+    Ok((Arc::new(store), "Azure default credentials".to_string()))
+}
+
+impl Remote {
+    /// Whether a repository location is in object storage.
+    pub fn is_remote(url: &str) -> bool {
+        ["gs://", "s3://", "az://"].iter().any(|p| url.starts_with(p))
+    }
+
+    pub async fn open(url: &str, s: &StorageSettings) -> Result<Remote, String> {
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| format!("'{url}' is not a storage URL"))?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(format!("'{url}' names no bucket"));
+        }
+        let (store, principal) = match scheme {
+            "s3" => s3(bucket, s).await?,
+            "gs" => gcs(bucket, s)?,
+            "az" => azure(bucket, s)?,
+            other => return Err(format!("'{other}://' repositories are not supported (gs://, s3://, az://)")),
+        };
+        let prefix = prefix.trim_matches('/').to_string();
+        Ok(Remote {
+            url: url.trim_end_matches('/').to_string(),
+            bucket: bucket.to_string(),
+            prefix,
+            store,
+            principal,
+            settings: s.clone(),
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    fn object_path(&self, rel: &str) -> ObjPath {
+        ObjPath::from(if self.prefix.is_empty() { rel.to_string() } else { format!("{}/{rel}", self.prefix) })
+    }
+
+    fn access_error(&self, what: &str, e: object_store::Error) -> String {
+        let denied =
+            matches!(e, object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. });
+        let reason = if denied { "access denied" } else { "failed" };
+        format!("{what} in bucket '{}' {reason} for {}: {e}", self.bucket, self.principal)
+    }
+
+    /// A small object's content (a manifest).
+    pub async fn read(&self, rel: &str) -> Result<Vec<u8>, String> {
+        let what = format!("reading object '{}'", self.object_path(rel));
+        let got = self.store.get(&self.object_path(rel)).await.map_err(|e| self.access_error(&what, e))?;
+        Ok(got.bytes().await.map_err(|e| self.access_error(&what, e))?.to_vec())
+    }
+
+    /// Every object under the prefix, listed once.
+    pub async fn list(&self) -> Result<Vec<Object>, String> {
+        let prefix = (!self.prefix.is_empty()).then(|| ObjPath::from(self.prefix.as_str()));
+        let metas: Vec<_> = self
+            .store
+            .list(prefix.as_ref())
+            .try_collect()
+            .await
+            .map_err(|e| self.access_error(&format!("listing '{}'", self.url), e))?;
+        let skip = if self.prefix.is_empty() { 0 } else { self.prefix.len() + 1 };
+        let mut objects: Vec<Object> = metas
+            .into_iter()
+            .filter_map(|m| {
+                let rel = m.location.as_ref().get(skip..)?.to_string();
+                let tag = m.e_tag.or(m.version).unwrap_or_else(|| m.last_modified.timestamp_millis().to_string());
+                (!rel.is_empty() && !rel.ends_with('/')).then_some(Object { rel, size: m.size, tag })
+            })
+            .collect();
+        objects.sort();
+        Ok(objects)
+    }
+
+    /// One ranged part (or the whole object), written at its offset; returns its length.
+    async fn fetch_part(
+        &self,
+        path: &ObjPath,
+        r: std::ops::Range<u64>,
+        file: Arc<std::fs::File>,
+        whole: bool,
+    ) -> Result<u64, String> {
+        let what = format!("reading object '{path}'");
+        let bytes = if whole {
+            let got = self.store.get(path).await.map_err(|e| self.access_error(&what, e))?;
+            got.bytes().await.map_err(|e| self.access_error(&what, e))?
+        } else {
+            self.store.get_range(path, r.clone()).await.map_err(|e| self.access_error(&what, e))?
+        };
+        if bytes.len() as u64 != r.end - r.start {
+            return Err(format!("{what}: got {} bytes for bytes {r:?}", bytes.len()));
+        }
+        let len = bytes.len() as u64;
+        tokio::task::spawn_blocking(move || std::os::unix::fs::FileExt::write_all_at(&*file, &bytes, r.start))
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("cannot write {what}: {e}"))?;
+        Ok(len)
+    }
+
+    /// Fetches one object to `dest` (through `dest.partial`, renamed only when complete and
+    /// verified).
+    pub async fn fetch(&self, obj: &Object, dest: &Path, progress: &Progress) -> Result<(), String> {
+        let path = self.object_path(&obj.rel);
+        let partial = dest.with_extension("partial");
+        let file = std::fs::File::create(&partial).map_err(|e| format!("cannot write {}: {e}", partial.display()))?;
+        file.set_len(obj.size).map_err(|e| e.to_string())?;
+        let file = Arc::new(file);
+        let part = self.settings.part_size.max(1);
+        let ranges: Vec<std::ops::Range<u64>> =
+            (0..obj.size.div_ceil(part).max(1)).map(|i| i * part..((i + 1) * part).min(obj.size)).collect();
+        let whole = ranges.len() == 1;
+        let parts: Vec<_> = ranges.into_iter().map(|r| self.fetch_part(&path, r, Arc::clone(&file), whole)).collect();
+        let mut parts = stream::iter(parts).buffer_unordered(4);
+        let result = async {
+            while let Some(n) = parts.try_next().await? {
+                progress.done.fetch_add(n, Ordering::Relaxed);
+            }
+            Ok::<(), String>(())
+        }
+        .await;
+        drop(file);
+        if let Err(e) = result.and_then(|()| verify(&partial, obj)) {
+            let _ = std::fs::remove_file(&partial);
+            return Err(e);
+        }
+        std::fs::rename(&partial, dest).map_err(|e| format!("cannot move {} into place: {e}", dest.display()))
+    }
+}
+
+/// Size, and MD5 when the tag is a plain MD5 ETag (single-part S3 and GCS uploads).
+fn verify(file: &Path, obj: &Object) -> Result<(), String> {
+    let len = std::fs::metadata(file).map_err(|e| e.to_string())?.len();
+    if len != obj.size {
+        return Err(format!("'{}' is {len} bytes, the store says {}", obj.rel, obj.size));
+    }
+    let tag = obj.tag.trim_matches('"').to_ascii_lowercase();
+    if tag.len() == 32 && tag.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let got = md5_file(file)?;
+        if got != tag {
+            return Err(format!("'{}' has MD5 {got}, the store's ETag says {tag}", obj.rel));
+        }
+    }
+    Ok(())
+}
+
+/// The hex digest of a file's content.
+pub fn hash_file<D: Digest>(file: &Path) -> Result<String, String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+    let mut h = D::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = f.read(&mut buf).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+pub fn md5_file(file: &Path) -> Result<String, String> {
+    hash_file::<Md5>(file)
+}
+
+pub fn sha256_file(file: &Path) -> Result<String, String> {
+    hash_file::<sha2::Sha256>(file)
+}
+
+pub fn md5_hex(text: &str) -> String {
+    format!("{:x}", Md5::digest(text.as_bytes()))
+}
