@@ -10,6 +10,7 @@ use std::{
 };
 
 use crate::{
+    cache::{self, Lookup, ResponseCache},
     error::{Error, Result},
     model::ModelVersion,
     proto::inference::ModelConfig,
@@ -75,6 +76,8 @@ const EXITING: u8 = 2;
 
 /// The services the engine fronts besides inference.
 pub struct Services {
+    /// None: no `--cache-config`.
+    pub cache: Option<Arc<ResponseCache>>,
     pub repository: Arc<ModelRepository>,
     pub logging: Logging,
     pub tracing: Tracing,
@@ -230,42 +233,21 @@ impl Engine {
         let (name, version) = (req.model_name.clone(), req.model_version);
         let shm_targets: Vec<(String, ShmRef)> =
             req.outputs.iter().filter_map(|o| Some((o.name.clone(), o.shm.clone()?))).collect();
-        let mut model = self.registry.resolve(&name, version)?;
+        let model = self.registry.resolve(&name, version)?;
         // Lives until the reply is ready; the scheduler hangs the queue and compute spans on it.
         let span = self.trace_span(&req, model.version);
-        let mut validated = match validate(&name, &model.schema, req) {
+        let cache = self.cache_for(&model).map(|c| (c, cache::key(&name, model.version, &req)));
+        let validated = match validate(&name, &model.schema, req) {
             Ok(v) => ValidatedRequest { span: span.clone(), ..v },
             Err(e) => {
                 model.stats.record_failure(start.elapsed(), e.origin());
                 return Err(e);
             }
         };
-        // A version retired by a swap between resolve and submit hands the request back, and the
-        // version that replaced it takes it (when its inputs and outputs are the same).
-        let reply = loop {
-            match model.scheduler.submit(validated) {
-                Ok(reply) => break reply,
-                Err(back) => {
-                    let next = self.registry.resolve(&name, version).map_err(|_| {
-                        Error::unavailable(format!(
-                            "model '{name}' is unloading; its scheduler has stopped accepting new inference requests"
-                        ))
-                    })?;
-                    if Arc::ptr_eq(&next, &model) {
-                        return Err(Error::unavailable(format!("model '{name}' is unloading")));
-                    }
-                    if next.schema != model.schema {
-                        return Err(Error::unavailable(format!(
-                            "model '{name}' changed its inputs or outputs while request '{}' was queued; send it again",
-                            back.0.id
-                        )));
-                    }
-                    validated = *back.0;
-                    model = next;
-                }
-            }
+        let (model, mut result) = match cache {
+            Some((cache, key)) => self.infer_cached(cache, key, (model, version), validated, start).await,
+            None => self.submit(model, version, validated).await,
         };
-        let mut result = reply.await.unwrap_or_else(|_| Err(Error::internal("the model instance dropped the request")));
         if let Ok(resp) = &mut result
             && let Err(e) = self.write_shm_outputs(&shm_targets, resp)
         {
@@ -276,6 +258,88 @@ impl Engine {
             Err(e) => model.stats.record_failure(start.elapsed(), e.origin()),
         }
         result
+    }
+
+    /// The response cache, when the server has one and the model turned it on.
+    fn cache_for(&self, model: &ModelVersion) -> Option<&Arc<ResponseCache>> {
+        self.services.cache.as_ref().filter(|_| model.config.response_cache.as_ref().is_some_and(|c| c.enable))
+    }
+
+    /// A request to a model with the response cache: a hit skips the scheduler; a miss runs and
+    /// stores a successful response for the requests that repeat it.
+    async fn infer_cached(
+        &self,
+        cache: &Arc<ResponseCache>,
+        key: cache::Key,
+        (model, requested): (Arc<ModelVersion>, Option<u64>),
+        validated: ValidatedRequest,
+        start: Instant,
+    ) -> (Arc<ModelVersion>, Result<InferResponse>) {
+        let looking = Instant::now();
+        match cache.lookup(key).await {
+            Lookup::Hit(hit) => {
+                let resp = hit.response(&model.name, model.version, &validated.id);
+                model.stats.record_cache_hit(looking.elapsed(), looking - start);
+                (model, Ok(resp))
+            }
+            Lookup::Miss(filler) => {
+                let looked = looking.elapsed();
+                let version = model.version;
+                let (model, result) = self.submit(model, requested, validated).await;
+                let storing = Instant::now();
+                // The key names the version it was made for: a response from the version that
+                // replaced it during a swap is not stored under it.
+                if let Ok(resp) = &result
+                    && model.version == version
+                {
+                    filler.fill(resp);
+                }
+                model.stats.record_cache_miss(looked + storing.elapsed());
+                (model, result)
+            }
+        }
+    }
+
+    /// Hands the request to the version's scheduler and waits for the reply. A version retired
+    /// by a swap between resolve and submit hands the request back, and the version that
+    /// replaced it takes it (when its inputs and outputs are the same).
+    async fn submit(
+        &self,
+        mut model: Arc<ModelVersion>,
+        requested: Option<u64>,
+        mut validated: ValidatedRequest,
+    ) -> (Arc<ModelVersion>, Result<InferResponse>) {
+        let name = model.name.clone();
+        let reply = loop {
+            match model.scheduler.submit(validated) {
+                Ok(reply) => break reply,
+                Err(back) => {
+                    let next = match self.registry.resolve(&name, requested) {
+                        Ok(next) if Arc::ptr_eq(&next, &model) => {
+                            return (model, Err(Error::unavailable(format!("model '{name}' is unloading"))));
+                        }
+                        Ok(next) => next,
+                        Err(_) => {
+                            let e = Error::unavailable(format!(
+                                "model '{name}' is unloading; its scheduler has stopped accepting new inference requests"
+                            ));
+                            return (model, Err(e));
+                        }
+                    };
+                    if next.schema != model.schema {
+                        let e = Error::unavailable(format!(
+                            "model '{name}' changed its inputs or outputs while request '{}' was queued; send it again",
+                            back.0.id
+                        ));
+                        return (model, Err(e));
+                    }
+                    validated = *back.0;
+                    model = next;
+                }
+            }
+        };
+        let result = reply.await.unwrap_or_else(|_| Err(Error::internal("the model instance dropped the request")));
+        (model, result)
     }
 
     /// Writes the outputs asked for in shared memory there; the reply then carries them empty.

@@ -7,6 +7,7 @@
 //! repositories into loaded, ready model versions. Data types (`tensor`, `error`) depend on
 //! nothing.
 pub mod backend;
+pub mod cache;
 pub mod classify;
 pub mod config;
 pub mod engine;

@@ -12,6 +12,7 @@ use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 
 use crate::{
     backend::{Backends, identity::IdentityBackend, onnx::OnnxBackend},
+    cache::ResponseCache,
     config::Config,
     config::Mode,
     engine::{EXTENSIONS, Engine, ServerInfo, Services},
@@ -149,7 +150,16 @@ pub async fn run(
         version: env!("CARGO_PKG_VERSION").to_string(),
         extensions: EXTENSIONS.iter().map(|s| s.to_string()).collect(),
     };
+    let cache = match &config.cache {
+        Some(c) => {
+            let cache = ResponseCache::new(c)?;
+            tracing::info!(tiers = %cache.describe(), "response cache on for models with response_cache {{ enable: true }}");
+            Some(cache)
+        }
+        None => None,
+    };
     let services = Services {
+        cache: cache.clone(),
         repository: Arc::clone(&repository),
         logging: Logging::new(config.log_verbose, log_control),
         tracing: Tracing::new(config.trace.clone()),
@@ -165,7 +175,7 @@ pub async fn run(
         max_input_size: config.http_max_input_size,
         size_note: config.size_note.clone(),
     });
-    let metrics = config.metrics.as_ref().map(|m| Metrics::new(m.clone(), Arc::clone(&registry)));
+    let metrics = config.metrics.as_ref().map(|m| Metrics::new(m.clone(), Arc::clone(&registry), cache.clone()));
     // The KServe v2 routes, also reached through Vertex AI's redirect header.
     let mut kserve = frontend::http::routes(Arc::clone(&state));
     if let Some(m) = &metrics {

@@ -192,7 +192,7 @@ impl Tracing {
                 return false;
             }
             let n = self.seen.fetch_add(1, Relaxed) + 1;
-            if n % self.global_rate.load(Relaxed) != 0 {
+            if !n.is_multiple_of(self.global_rate.load(Relaxed)) {
                 return false;
             }
             return self.use_count();
@@ -203,7 +203,7 @@ impl Tracing {
         }
         let rate = s.trace_rate.parse::<u64>().unwrap_or(1000).max(1);
         let n = self.seen.fetch_add(1, Relaxed) + 1;
-        if n % rate != 0 {
+        if !n.is_multiple_of(rate) {
             return false;
         }
         self.use_count()

@@ -236,6 +236,19 @@ impl Stats {
         inner.snap.fail_by_origin[i] += 1;
     }
 
+    /// A request answered from the response cache: `lookup` to find and copy the response,
+    /// `queued` from arrival to the lookup (the queue figure Triton reports for hits).
+    pub fn record_cache_hit(&self, lookup: Duration, queued: Duration) {
+        let mut inner = self.lock();
+        inner.snap.cache_hit.add(1, lookup);
+        inner.snap.queue.add(1, queued);
+    }
+
+    /// A request the cache did not hold: `spent` in the lookup and the insertion.
+    pub fn record_cache_miss(&self, spent: Duration) {
+        self.lock().snap.cache_miss.add(1, spent);
+    }
+
     /// One execution of `rows` rows made of requests that waited `queued` each.
     pub fn record_execution(&self, rows: u64, queued: &[Duration], phases: PhaseTimes) {
         let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);

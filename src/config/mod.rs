@@ -9,12 +9,14 @@ use std::{
 use clap::{ArgAction, Args, Parser, Subcommand};
 
 use crate::{
+    cache::CacheSettings,
     metrics::MetricsSettings,
     repository::control::ControlMode,
     settings::TraceSettings,
     telemetry::{LogFormat, otel::OtlpSettings},
 };
 
+mod cache;
 mod platform;
 mod storage;
 mod tracing;
@@ -51,6 +53,8 @@ struct ServeArgs {
     model_repository: Vec<String>,
     #[command(flatten)]
     storage: storage::StorageArgs,
+    #[command(flatten)]
+    cache: cache::CacheArgs,
     /// HTTP port for KServe v2 (0 = any free port).
     #[arg(long, env = "FERRY_HTTP_PORT", default_value_t = 8000)]
     http_port: u16,
@@ -169,6 +173,8 @@ pub struct Config {
     /// Folders or storage URLs; empty: serve the embedded example repository.
     pub model_repositories: Vec<String>,
     pub storage: Storage,
+    /// The response cache's tiers; None = no cache.
+    pub cache: Option<CacheSettings>,
     pub http_addr: SocketAddr,
     pub grpc_addr: SocketAddr,
     pub metrics_addr: SocketAddr,
@@ -276,6 +282,10 @@ impl Config {
                 _ => ControlMode::None,
             },
             storage: a.storage.resolve(&env),
+            cache: a
+                .cache
+                .resolve(&env)
+                .map_err(|e| clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("{e}\n")))?,
             load_models: a.load_model,
             allow_client_shm: a.allow_client_shm,
             log_verbose: platform.log_verbose.unwrap_or(a.log_verbose),

@@ -13,6 +13,7 @@ use prometheus::{
 };
 
 use crate::{
+    cache::{CacheCounts, ResponseCache},
     error::Origin,
     model::ModelVersion,
     repository::registry::Registry,
@@ -85,6 +86,7 @@ pub struct Metrics {
     registry: Arc<Registry>,
     sampler: Mutex<host::Sampler>,
     reading: Mutex<host::HostReading>,
+    cache: Option<Arc<ResponseCache>>,
 }
 
 type Labels = Vec<(String, String)>;
@@ -192,6 +194,42 @@ impl Families {
     }
 }
 
+/// ferry's own response-cache families (Triton's per-model ones come from the statistics).
+fn cache_families(f: &mut Families, c: &CacheCounts) {
+    let none = Labels::new();
+    f.gauge(
+        "ferry_cache_local_entries",
+        "Responses held by the in-process response cache",
+        &none,
+        c.local_entries as f64,
+    );
+    f.gauge("ferry_cache_local_bytes", "Bytes charged to the in-process response cache", &none, c.local_bytes as f64);
+    f.gauge(
+        "ferry_cache_local_capacity_bytes",
+        "Byte bound of the in-process response cache",
+        &none,
+        c.local_capacity as f64,
+    );
+    f.counter(
+        "ferry_cache_shared_hits_total",
+        "Responses found in the shared (Redis) tier",
+        &none,
+        c.shared_hits as f64,
+    );
+    f.counter(
+        "ferry_cache_shared_errors_total",
+        "Shared (Redis) tier lookups, stores and connections that failed or timed out; each costs a miss only",
+        &none,
+        c.shared_errors as f64,
+    );
+    f.counter(
+        "ferry_cache_joined_total",
+        "Requests answered by an identical request's computation that was already running (single flight)",
+        &none,
+        c.joined as f64,
+    );
+}
+
 fn labels(m: &ModelVersion) -> Labels {
     let mut l = vec![("model".to_string(), m.name.clone()), ("version".to_string(), m.version.to_string())];
     l.extend(m.config.metric_tags.iter().map(|(k, v)| (format!("_{k}"), v.clone())));
@@ -203,9 +241,9 @@ fn us(t: &Tally) -> f64 {
 }
 
 impl Metrics {
-    pub fn new(settings: MetricsSettings, registry: Arc<Registry>) -> Arc<Self> {
+    pub fn new(settings: MetricsSettings, registry: Arc<Registry>, cache: Option<Arc<ResponseCache>>) -> Arc<Self> {
         let sampler = host::Sampler::new(settings.cpu, settings.gpu);
-        Arc::new(Metrics { settings, registry, sampler: Mutex::new(sampler), reading: Mutex::default() })
+        Arc::new(Metrics { settings, registry, sampler: Mutex::new(sampler), reading: Mutex::default(), cache })
     }
 
     pub fn settings(&self) -> &MetricsSettings {
@@ -244,6 +282,9 @@ impl Metrics {
             f.gauge("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", &none, r.cpu_utilization);
             f.gauge("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", &none, r.memory_total);
             f.gauge("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", &none, r.memory_used);
+        }
+        if let Some(c) = &self.cache {
+            cache_families(&mut f, &c.counts());
         }
         f.into_text()
     }

@@ -319,7 +319,7 @@ pub fn decode_raw(
             )));
         }
         if variable == 1 {
-            if known == 0 || body.len() % known != 0 {
+            if known == 0 || !body.len().is_multiple_of(known) {
                 return Err(Error::invalid(format!(
                     "raw binary body of {} bytes does not divide into elements of input '{}' (shape {:?})",
                     body.len(),
