@@ -1,0 +1,169 @@
+"""The real image, run the way each platform runs it: built from container/Dockerfile with the
+base images of container/bases.sh (the engine here cannot pull), then SageMaker's way (`docker run
+IMAGE serve`, port 8080, /opt/ml/model mounted read only, SIGTERM then a kill after 30 s) and
+Vertex AI's (AIP_* variables, the model repository read from AIP_STORAGE_URI on the local GCS
+server). The platform contract tests of test_sagemaker.py and test_vertex.py run against both.
+
+Skipped where no Docker engine answers, unless FERRY_REQUIRE_DOCKER=1 (CI sets it)."""
+import json
+import os
+import shutil
+import subprocess
+import time
+import uuid
+
+import pytest
+
+from buckets import StorageServer, free_port
+from conftest import copy_example
+from ferry_server import ROOT
+from platforms import kserve_simple, request, snapshot
+import test_vertex
+
+# The contract tests, collected here again with this module's fixtures (the container).
+from test_sagemaker import (  # noqa: F401
+    test_binary_content_type_both_ways, test_instances_and_execution_parameters, test_oversize_names_sagemakers_limit,
+    test_ping_and_invocations)
+from test_vertex import (  # noqa: F401
+    test_binary_content_type, test_kserve_json_on_the_predict_route, test_listens_on_the_platform_port_only,
+    test_methods_and_unknown_paths, test_oversize_is_413_naming_the_limit, test_redirect_header, test_vertex_instances)
+
+
+def docker_answers():
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+if not docker_answers():
+    if os.environ.get("FERRY_REQUIRE_DOCKER") == "1":
+        raise RuntimeError("FERRY_REQUIRE_DOCKER=1 but no Docker engine answers `docker info`")
+    pytest.skip("no Docker engine", allow_module_level=True)
+
+IMAGE = "ferry:pytest"
+
+
+@pytest.fixture(scope="module")
+def image():
+    """The image, with the debug binary the suite already built (CI builds no release binary)."""
+    subprocess.run(["bash", os.path.join(ROOT, "container", "build.sh"), "--from-host", "--debug", "--tag", IMAGE],
+                   check=True, stdout=subprocess.DEVNULL)
+    return IMAGE
+
+
+class Container:
+    """One `docker run -d`; quacks like ferry_server.Server for the platform tests."""
+
+    def __init__(self, image, run_args, command=(), service="SageMaker", port=None, container_port=8080):
+        self.name = f"ferry-test-{uuid.uuid4().hex[:8]}"
+        started = time.monotonic()
+        subprocess.run(["docker", "run", "-d", "--name", self.name, *run_args, image, *command], check=True,
+                       stdout=subprocess.DEVNULL)
+        if port is None:
+            out = subprocess.run(["docker", "port", self.name, f"{container_port}/tcp"], capture_output=True, text=True,
+                                 check=True).stdout
+            port = int(out.split("\n")[0].rsplit(":", 1)[1])
+        self.ports = {service: port}
+        self.ready_after = None
+        deadline = time.monotonic() + 120
+        health = {"SageMaker": "/ping", "Vertex AI": test_vertex.HEALTH}.get(service, "/v2/health/ready")
+        while time.monotonic() < deadline:
+            try:
+                if request(port, "GET", health, timeout=2)[0] == 200:
+                    self.ready_after = time.monotonic() - started
+                    break
+            except OSError:
+                pass
+            if self.state()["Status"] == "exited":
+                break
+            time.sleep(0.05)
+        assert self.ready_after is not None, f"container never became healthy:\n{self.log()}"
+
+    def state(self):
+        out = subprocess.run(["docker", "inspect", "-f", "{{json .State}}", self.name], capture_output=True, text=True)
+        return json.loads(out.stdout) if out.returncode == 0 else {"Status": "gone"}
+
+    def log(self):
+        out = subprocess.run(["docker", "logs", self.name], capture_output=True, text=True)
+        return out.stdout + out.stderr
+
+    def stop(self, grace=30):
+        """SageMaker's way: SIGTERM, then a kill after `grace` seconds. Returns (seconds, exit code)."""
+        started = time.monotonic()
+        subprocess.run(["docker", "stop", "-t", str(grace), self.name], capture_output=True)
+        took = time.monotonic() - started
+        code = self.state().get("ExitCode")
+        subprocess.run(["docker", "rm", "-f", self.name], capture_output=True)
+        return took, code
+
+
+def opt_ml_model(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("opt_ml_model")
+    copy_example(str(folder), "simple")
+    # The image runs as a non-root user: the mounted folder must be readable by others, as
+    # SageMaker's extracted model is.
+    subprocess.run(["chmod", "-R", "a+rX", str(folder)], check=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def single(image, tmp_path_factory):
+    folder = opt_ml_model(tmp_path_factory)
+    before = snapshot(folder)
+    c = Container(image, ["-p", "127.0.0.1::8080", "-v", f"{folder}:/opt/ml/model:ro"], command=["serve"])
+    print(f"SageMaker way: healthy {c.ready_after:.2f} s after docker run")
+    yield c
+    took, code = c.stop()
+    assert code == 0 and took < 30, f"SIGTERM: exit {code} after {took:.1f} s"
+    assert snapshot(folder) == before
+
+
+@pytest.fixture(scope="module")
+def simple_only(image, tmp_path_factory):
+    """Vertex AI's way: the repository is AIP_STORAGE_URI on the GCS server; host networking so
+    the container reaches it on loopback."""
+    src = str(tmp_path_factory.mktemp("vertex_src"))
+    copy_example(src, "simple")
+    storage = StorageServer("gcs")
+    bucket = storage.bucket("vertex-models")
+    bucket.upload_dir(src, "deployed/model")
+    port = free_port()
+    env = {**test_vertex.vertex_env(AIP_HTTP_PORT=str(port), AIP_STORAGE_URI=bucket.url("deployed/model")),
+           "STORAGE_EMULATOR_HOST": storage.endpoint, "FERRY_STORAGE_ANONYMOUS": "true"}
+    run_args = ["--network", "host"]
+    for k, v in env.items():
+        run_args += ["-e", f"{k}={v}"]
+    try:
+        c = Container(image, run_args, service="Vertex AI", port=port)
+        print(f"Vertex AI way: healthy {c.ready_after:.2f} s after docker run")
+        yield c
+        took, code = c.stop()
+        assert code == 0, f"SIGTERM: exit {code} after {took:.1f} s"
+    finally:
+        storage.stop()
+
+
+def test_the_image_runs_as_nonroot_and_serves_the_examples_by_default(image):
+    user = subprocess.run(["docker", "image", "inspect", "-f", "{{.Config.User}}", image], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert user == "65532:65532"
+    exposed = subprocess.run(["docker", "image", "inspect", "-f", "{{json .Config.ExposedPorts}}", image],
+                             capture_output=True, text=True, check=True).stdout
+    assert set(json.loads(exposed)) == {"8080/tcp", "8000/tcp", "8001/tcp", "8002/tcp"}
+    # Plain `docker run IMAGE`: KServe v2 on 8000 with the embedded examples.
+    c = Container(image, ["-p", "127.0.0.1::8000"], service="kserve", container_port=8000)
+    try:
+        status, _, body = request(c.ports["kserve"], "POST", "/v2/models/simple/infer",
+                                  kserve_simple([1] * 16, [1] * 16))
+        assert status == 200 and json.loads(body)["outputs"][0]["data"] == [2] * 16
+    finally:
+        c.stop()
+
+
+def test_sigterm_during_requests_drains_and_exits_cleanly(image, tmp_path_factory):
+    folder = opt_ml_model(tmp_path_factory)
+    c = Container(image, ["-p", "127.0.0.1::8080", "-v", f"{folder}:/opt/ml/model:ro"], command=["serve"])
+    assert request(c.ports["SageMaker"], "POST", "/invocations", kserve_simple([1] * 16, [1] * 16))[0] == 200
+    took, code = c.stop()
+    assert code == 0 and took < 30, f"exit {code} after {took:.1f} s"
