@@ -116,8 +116,9 @@ def perf(model, url, protocol, concurrency, data, interval_ms):
 def commit_label():
     """The commit measured, marked when tracked files differ from it."""
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
+    # RESULTS.md itself is what the benches write, not what they measure.
+    dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no", "--", ".",
+                            ":(exclude)bench/RESULTS.md"], capture_output=True, text=True).stdout.strip()
     return commit + ("+changes" if dirty else "")
 
 
