@@ -82,6 +82,8 @@ pub struct Remote {
     /// Who we are to the store, for the log and for access errors.
     principal: String,
     settings: StorageSettings,
+    /// Requests in flight, across every object: at most `settings.parallel`.
+    requests: Arc<tokio::sync::Semaphore>,
 }
 
 fn client_options(allow_http: bool) -> ClientOptions {
@@ -235,6 +237,7 @@ impl Remote {
             store,
             principal,
             settings: s.clone(),
+            requests: Arc::new(tokio::sync::Semaphore::new(s.parallel.max(1))),
         })
     }
 
@@ -291,6 +294,7 @@ impl Remote {
         whole: bool,
     ) -> Result<u64, String> {
         let what = format!("reading object '{path}'");
+        let _slot = self.requests.acquire().await.map_err(|e| e.to_string())?;
         let bytes = if whole {
             let got = self.store.get(path).await.map_err(|e| self.access_error(&what, e))?;
             got.bytes().await.map_err(|e| self.access_error(&what, e))?
@@ -321,7 +325,9 @@ impl Remote {
             (0..obj.size.div_ceil(part).max(1)).map(|i| i * part..((i + 1) * part).min(obj.size)).collect();
         let whole = ranges.len() == 1;
         let parts: Vec<_> = ranges.into_iter().map(|r| self.fetch_part(&path, r, Arc::clone(&file), whole)).collect();
-        let mut parts = stream::iter(parts).buffer_unordered(4);
+        // The parts of one large object fill every free request slot (the semaphore in
+        // fetch_part bounds the requests of all objects together).
+        let mut parts = stream::iter(parts).buffer_unordered(self.settings.parallel.max(1));
         let result = async {
             while let Some(n) = parts.try_next().await? {
                 progress.done.fetch_add(n, Ordering::Relaxed);
@@ -330,7 +336,14 @@ impl Remote {
         }
         .await;
         drop(file);
-        if let Err(e) = result.and_then(|()| verify(&partial, obj)) {
+        let checked = match result {
+            Ok(()) => {
+                let (file, obj) = (partial.clone(), obj.clone());
+                tokio::task::spawn_blocking(move || verify(&file, &obj)).await.map_err(|e| e.to_string())?
+            }
+            Err(e) => Err(e),
+        };
+        if let Err(e) = checked {
             let _ = std::fs::remove_file(&partial);
             return Err(e);
         }
