@@ -28,7 +28,8 @@ def cached_repo(ref, models):
             os.makedirs(os.path.join(repo, name))
             os.symlink(os.path.realpath(os.path.join(ref, m, "1")), os.path.join(repo, name, "1"))
             config = open(os.path.join(ref, m, "config.pbtxt")).read()
-            config = re.sub(r'name: *"[^"]*"', f'name: "{name}"', config)
+            # The model's own name is the first `name:` at the top level (tensors' names follow).
+            config = re.sub(r'^name: *"[^"]*"', f'name: "{name}"', config, count=1, flags=re.M)
             with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
                 f.write(config + extra)
     return repo
