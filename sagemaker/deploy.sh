@@ -66,13 +66,8 @@ if [ "$min_instances" -gt "$max_instances" ]; then
   echo "--min-instances ($min_instances) is above --max-instances ($max_instances)" >&2; exit 2
 fi
 
-run() {
-  if $dry_run; then printf '+'; printf ' %q' "$@"; printf '\n'; else "$@"; fi
-}
-capture() {
-  local placeholder="$1"; shift
-  if $dry_run; then printf '+' >&2; printf ' %q' "$@" >&2; printf '\n' >&2; echo "$placeholder"; else "$@"; fi
-}
+# shellcheck source=scripts/dryrun.sh
+source "$(dirname "$0")/../scripts/dryrun.sh"
 
 account=$(capture 123456789012 aws sts get-caller-identity --query Account --output text)
 registry="${account}.dkr.ecr.${region}.amazonaws.com"

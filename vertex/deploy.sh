@@ -60,15 +60,8 @@ if [ "$min_replicas" -gt "$max_replicas" ]; then
   echo "--min-replicas ($min_replicas) is above --max-replicas ($max_replicas)" >&2; exit 2
 fi
 
-# Runs a command, or prints it (shell-quoted) in a dry run.
-run() {
-  if $dry_run; then printf '+'; printf ' %q' "$@"; printf '\n'; else "$@"; fi
-}
-# Runs a command and prints its output; a dry run prints the command and answers with $1.
-capture() {
-  local placeholder="$1"; shift
-  if $dry_run; then printf '+' >&2; printf ' %q' "$@" >&2; printf '\n' >&2; echo "$placeholder"; else "$@"; fi
-}
+# shellcheck source=scripts/dryrun.sh
+source "$(dirname "$0")/../scripts/dryrun.sh"
 
 registry="${region}-docker.pkg.dev"
 uri="${registry}/${project}/${repository}/ferry:$(date +%Y%m%d-%H%M%S)"
