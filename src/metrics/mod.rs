@@ -289,6 +289,11 @@ impl Metrics {
         f.into_text()
     }
 
+    /// The response cache serves this model: the server has one and the model turned it on.
+    fn caches(&self, m: &ModelVersion) -> bool {
+        self.cache.is_some() && m.config.response_cache.as_ref().is_some_and(|c| c.enable)
+    }
+
     fn model_families(&self, f: &mut Families, m: &ModelVersion, s: &Snapshot) {
         let l = labels(m);
         f.counter(
@@ -358,7 +363,7 @@ impl Metrics {
                 us(&s.compute_output),
             );
         }
-        if m.config.response_cache.as_ref().is_some_and(|c| c.enable) {
+        if self.caches(m) {
             f.counter("nv_cache_num_hits_per_model", "Number of cache hits per model", &l, s.cache_hit.count as f64);
             f.counter(
                 "nv_cache_num_misses_per_model",
@@ -406,7 +411,7 @@ impl Metrics {
             );
         }
         if let Some(r) = &s.recent
-            && !m.config.response_cache.as_ref().is_some_and(|c| c.enable)
+            && !self.caches(m)
         {
             let q = &self.settings.quantiles;
             let total = Tally { count: s.success.count, ns: s.success.ns };
