@@ -213,6 +213,15 @@ pub async fn run(
         return Err(format!("failed to load all models (--exit-on-error=true): {}", failures.join("; ")));
     }
     engine.set_serving();
+    if cache.is_none() {
+        for m in registry.serving(None).iter().filter(|m| m.config.response_cache.as_ref().is_some_and(|c| c.enable)) {
+            tracing::warn!(
+                model = %m.name,
+                version = m.version,
+                "response_cache is enabled in the model's config but the server has no cache (--cache-config local,size=<bytes>); every request runs the model"
+            );
+        }
+    }
     tracing::info!(models = registry.serving(None).len(), "ferry is serving");
     if config.control == ControlMode::Poll {
         let (repository, mut stop) = (Arc::clone(&repository), stop_rx.clone());

@@ -179,6 +179,7 @@ def test_the_cache_is_opt_in(fresh_repo):
         for _ in range(3):
             s.client().infer("cached", inputs(httpclient, [1, 2, 3, 4]))
         assert stats(s, "cached")["inference_count"] == 3
+        assert s.wait_log("response_cache is enabled in the model's config but the server has no cache")
         text = s.metrics()
         assert "ferry_cache_local_entries" not in text and "nv_cache_num_hits_per_model" not in text
 
