@@ -9,6 +9,7 @@ use bytes::Bytes;
 use half::{bf16, f16};
 use ort::{
     environment::Environment,
+    ep::CUDA,
     session::{
         HasSelectedOutputs, OutputSelector, RunOptions, Session, SessionInputValue,
         builder::{GraphOptimizationLevel, SessionBuilder},
@@ -54,10 +55,24 @@ impl OnnxBackend {
             .map_err(|e| Error::unavailable(e.clone()))
     }
 
-    fn session(&self, path: &Path, config: Option<&ModelConfig>, threads: usize) -> Result<Session> {
+    fn session(&self, path: &Path, config: Option<&ModelConfig>, threads: usize, device: Device) -> Result<Session> {
         let env = self.environment()?;
         let ort_err = |e: ort::Error<SessionBuilder>| Error::internal(format!("ONNX Runtime session options: {e}"));
         let mut builder = Session::builder(env).map_err(|e| Error::internal(e.to_string()))?;
+        if let Device::Gpu(id) = device {
+            // The CUDA execution provider, or a clear failure: never a silent fall back to CPU.
+            let cuda = CUDA::default().with_device_id(id).build().error_on_failure();
+            builder = builder.with_execution_providers([cuda]).map_err(|e| {
+                let e = e.to_string();
+                Error::unavailable(format!(
+                    "GPU {id}: ONNX Runtime's CUDA execution provider is not usable: {}. A GPU instance needs \
+                     onnxruntime-gpu's libonnxruntime_providers_cuda.so beside libonnxruntime, the CUDA runtime \
+                     libraries it links (cudart, cublas, cublasLt, curand, cufft, cuDNN) on the library path, and \
+                     an NVIDIA driver with that GPU",
+                    e.trim_end_matches('.')
+                ))
+            })?;
+        }
         let param = |key: &str| config.and_then(|c| c.parameters.get(key)).map(|p| p.string_value.as_str());
         let intra = param("intra_op_thread_count").and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
         builder = builder.with_intra_threads(intra.unwrap_or(threads)).map_err(ort_err)?;
@@ -91,14 +106,11 @@ impl Backend for OnnxBackend {
     }
 
     fn model_io(&self, model_path: &Path) -> Result<ModelIo> {
-        Ok(io_of(&self.session(model_path, None, 1)?))
+        Ok(io_of(&self.session(model_path, None, 1, Device::Cpu)?))
     }
 
     fn load(&self, spec: &InstanceSpec<'_>) -> Result<Box<dyn ModelInstance>> {
-        if let Device::Gpu(id) = spec.device {
-            return Err(Error::unsupported(format!("GPU {id}: this ferry build runs ONNX models on CPU only")));
-        }
-        let session = self.session(spec.model_path, Some(spec.config), spec.intra_op_threads)?;
+        let session = self.session(spec.model_path, Some(spec.config), spec.intra_op_threads, spec.device)?;
         Ok(Box::new(OnnxInstance { session, selections: HashMap::new() }))
     }
 }

@@ -196,26 +196,34 @@ fn load_version(
     }
     let warmup = Samples::build(&p.config, dir)?;
     let outputs: Vec<&str> = p.config.output.iter().map(|o| o.name.as_str()).collect();
-    let total: usize = p.config.instance_group.iter().map(|g| g.count.max(0) as usize).sum();
-    let threads = (cores / total.max(1)).max(1);
-    let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(total);
-    for group in &p.config.instance_group {
-        let device = if group.kind == crate::proto::inference::model_instance_group::Kind::Gpu as i32 {
-            Device::Gpu(group.gpus.first().copied().unwrap_or(0))
-        } else {
-            Device::Cpu
-        };
-        for _ in 0..group.count.max(0) {
-            let spec = InstanceSpec { model_path: &path, config: &p.config, device, intra_op_threads: threads };
-            let mut instance = p.backend.load(&spec).map_err(|e| e.to_string())?;
-            if instances.is_empty()
-                && let Some(io) = instance.model_io()
-            {
-                config::check_against_model(&p.config, &io)?;
-            }
-            warmup.run(instance.as_mut(), &outputs)?;
-            instances.push(instance);
+    // As Triton: a KIND_GPU group puts `count` instances on each GPU it lists (GPU 0 when it
+    // lists none); every other kind runs on the CPU.
+    let devices: Vec<Device> = p
+        .config
+        .instance_group
+        .iter()
+        .flat_map(|group| {
+            let devices = if group.kind == crate::proto::inference::model_instance_group::Kind::Gpu as i32 {
+                let gpus = if group.gpus.is_empty() { vec![0] } else { group.gpus.clone() };
+                gpus.into_iter().map(Device::Gpu).collect()
+            } else {
+                vec![Device::Cpu]
+            };
+            devices.into_iter().flat_map(move |d| std::iter::repeat_n(d, group.count.max(0) as usize))
+        })
+        .collect();
+    let threads = (cores / devices.len().max(1)).max(1);
+    let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(devices.len());
+    for device in devices {
+        let spec = InstanceSpec { model_path: &path, config: &p.config, device, intra_op_threads: threads };
+        let mut instance = p.backend.load(&spec).map_err(|e| e.to_string())?;
+        if instances.is_empty()
+            && let Some(io) = instance.model_io()
+        {
+            config::check_against_model(&p.config, &io)?;
         }
+        warmup.run(instance.as_mut(), &outputs)?;
+        instances.push(instance);
     }
     let schema = Arc::new(Schema::from_config(&p.config, p.labels.clone()).map_err(|e| e.to_string())?);
     let stats = Arc::new(Stats::new(options.recent_stats, options.histogram.clone()));

@@ -1,0 +1,38 @@
+"""GPU instances (KIND_GPU) through ONNX Runtime's CUDA execution provider. On a machine without
+a usable CUDA provider, the load fails with a message that says what is missing (never a silent
+fall back to CPU); the GPU run itself is checked by bench/gpu_check.sh on a GPU machine."""
+import os
+
+import models
+from conftest import EXAMPLES
+from ferry_server import Server
+
+
+def gpu_model(repo, name="gpu_simple", gpus="[ 0 ]"):
+    src = os.path.join(EXAMPLES, "simple")
+    os.makedirs(os.path.join(repo, name, "1"))
+    with open(os.path.join(src, "1", "model.onnx"), "rb") as f, open(os.path.join(repo, name, "1", "model.onnx"), "wb") as g:
+        g.write(f.read())
+    config = open(os.path.join(src, "config.pbtxt")).read().replace('name: "simple"', f'name: "{name}"')
+    models.write(os.path.join(repo, name, "config.pbtxt"),
+                 config + f"instance_group [ {{ kind: KIND_GPU count: 1 gpus: {gpus} }} ]\n")
+
+
+def test_a_gpu_instance_without_cuda_is_a_clear_load_error(fresh_repo):
+    gpu_model(fresh_repo)
+    s = Server(["--model-repository", fresh_repo], expect_exit=True)
+    assert s.wait_exit() == 1
+    log = s.log()
+    assert "failed to load 'gpu_simple'" in log
+    assert "GPU 0: ONNX Runtime's CUDA execution provider is not usable" in log
+    assert "libonnxruntime_providers_cuda.so" in log
+
+
+def test_the_other_models_keep_serving(fresh_repo):
+    gpu_model(fresh_repo, gpus="[ 1 ]")
+    models.identity(fresh_repo, "cpu_model", "FP32")
+    with Server(["--model-repository", fresh_repo, "--exit-on-error=false", "--strict-readiness=false"]) as s:
+        c = s.client()
+        assert c.is_model_ready("cpu_model") and not c.is_model_ready("gpu_simple")
+        index = {m["name"]: m for m in c.get_model_repository_index()}
+        assert "GPU 1:" in index["gpu_simple"]["reason"]
