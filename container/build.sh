@@ -7,6 +7,7 @@
 #                                                        ONNX Runtime library of .venv; with base
 #                                                        images built by container/bases.sh when
 #                                                        the engine cannot pull
+#   add --gpu for the GPU image: onnxruntime-gpu and the CUDA 13 runtime libraries it links, from PyPI
 # Prints the image's size.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -15,12 +16,17 @@ tag="ferry:latest"
 from_host=false
 profile=release
 binary=""
+gpu=false
+# What the GPU image carries besides ONNX Runtime: the CUDA libraries its CUDA provider links or
+# opens (cuDNN for convolutions, nvrtc for fused kernels).
+cuda_packages="nvidia-cuda-runtime==13.* nvidia-cublas==13.* nvidia-curand==10.* nvidia-cufft==12.* nvidia-cudnn-cu13==9.* nvidia-cuda-nvrtc==13.*"
 while [ $# -gt 0 ]; do
   case "$1" in
     --tag) tag="$2"; shift 2 ;;
     --from-host) from_host=true; shift ;;
     --debug) profile=debug; shift ;;
     --binary) binary="$2"; shift 2 ;;
+    --gpu) gpu=true; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -35,9 +41,24 @@ if $from_host; then
     cp "target/$profile/ferry" container/prebuilt/ferry
   fi
   if [ "$profile" = release ]; then strip container/prebuilt/ferry; fi
-  cp "$ORT_DYLIB_PATH" container/prebuilt/
+  if $gpu; then
+    # shellcheck disable=SC2086 # the package list splits on purpose
+    python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
+      --platform manylinux_2_27_x86_64 --platform manylinux2014_x86_64 --python-version 3.11 \
+      onnxruntime-gpu $cuda_packages -d container/.work/wheels
+    rm -rf container/.work/unpacked
+    for w in container/.work/wheels/*.whl; do python3 -m zipfile -e "$w" container/.work/unpacked; done
+    cp -P container/.work/unpacked/onnxruntime/capi/libonnxruntime*.so* container/prebuilt/
+    rm -f container/prebuilt/libonnxruntime_providers_tensorrt.so
+    find container/.work/unpacked/nvidia -name 'lib*.so*' ! -name 'libcufftw*' ! -name 'libnvblas*' -exec cp {} container/prebuilt/ \;
+  else
+    cp "$ORT_DYLIB_PATH" container/prebuilt/
+  fi
   bash container/bases.sh
   args+=(--build-arg BUILDER=ferry.local/builder:bookworm)
+fi
+if $gpu && ! $from_host; then
+  args+=(--build-arg ONNXRUNTIME_PACKAGE=onnxruntime-gpu --build-arg "CUDA_PACKAGES=${cuda_packages}")
 fi
 docker build "${args[@]}" -f container/Dockerfile -t "$tag" .
 find container/prebuilt -mindepth 1 ! -name README.md -delete
