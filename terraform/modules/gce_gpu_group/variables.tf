@@ -15,7 +15,7 @@ variable "name" {
 }
 
 variable "image_uri" {
-  description = "ferry's image in Artifact Registry, for example us-central1-docker.pkg.dev/PROJECT/ferry/ferry:TAG."
+  description = "ferry's GPU image (container/build.sh --gpu) in Artifact Registry, for example us-central1-docker.pkg.dev/PROJECT/ferry/ferry-gpu:TAG."
   type        = string
 }
 
