@@ -22,13 +22,15 @@ Options:
   --min-replicas N          default 1
   --max-replicas N          default 3
   --target-utilization PCT  CPU (or GPU duty cycle with an accelerator) to scale at (default 60)
+  --scale-on METRIC=TARGET  another autoscaling metric, e.g. request-counts-per-minute=3000 (size it
+                            from the throughput bench/RESULTS.md measures per replica)
   --default-model NAME      the model predict requests go to, when the repository holds several
   --dry-run                 print the commands, run nothing
 USAGE
 }
 
 project="" region="" model_uri="" image="ferry:latest" repository="ferry" name="ferry"
-machine_type="n1-standard-4" accelerator="" min_replicas=1 max_replicas=3 target=60 default_model="" dry_run=false
+machine_type="n1-standard-4" accelerator="" min_replicas=1 max_replicas=3 target=60 scale_on="" default_model="" dry_run=false
 while [ $# -gt 0 ]; do
   case "$1" in
     --project) project="$2"; shift 2 ;;
@@ -42,6 +44,7 @@ while [ $# -gt 0 ]; do
     --min-replicas) min_replicas="$2"; shift 2 ;;
     --max-replicas) max_replicas="$2"; shift 2 ;;
     --target-utilization) target="$2"; shift 2 ;;
+    --scale-on) scale_on="$2"; shift 2 ;;
     --default-model) default_model="$2"; shift 2 ;;
     --dry-run) dry_run=true; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -56,6 +59,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "missing ${missing[*]}" >&2; usage >&2; exit 2
 fi
 case "$model_uri" in gs://*) ;; *) echo "--model-uri must be a gs:// URI, got '$model_uri'" >&2; exit 2 ;; esac
+case "$scale_on" in ""|*=*) ;; *) echo "--scale-on takes METRIC=TARGET, got '$scale_on'" >&2; exit 2 ;; esac
 if [ "$min_replicas" -gt "$max_replicas" ]; then
   echo "--min-replicas ($min_replicas) is above --max-replicas ($max_replicas)" >&2; exit 2
 fi
@@ -92,12 +96,12 @@ endpoint_id="${endpoint_id##*/}"
 deploy=(gcloud ai endpoints deploy-model "$endpoint_id" --project "$project" --region "$region"
   --model "$model_id" --display-name "$name" --machine-type "$machine_type"
   --min-replica-count "$min_replicas" --max-replica-count "$max_replicas" --traffic-split "0=100")
+metric="cpu-utilization=${target}"
 if [ -n "$accelerator" ]; then
-  deploy+=(--accelerator "type=${accelerator%,*},count=${accelerator#*,}"
-    --autoscaling-metric-specs "gpu-duty-cycle=${target}")
-else
-  deploy+=(--autoscaling-metric-specs "cpu-utilization=${target}")
+  deploy+=(--accelerator "type=${accelerator%,*},count=${accelerator#*,}")
+  metric="gpu-duty-cycle=${target}"
 fi
+deploy+=(--autoscaling-metric-specs "${scale_on:-$metric}")
 run "${deploy[@]}"
 
 # 4. Calls: Vertex's instances format, and KServe v2 through rawPredict.

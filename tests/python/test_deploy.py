@@ -75,6 +75,10 @@ def test_vertex_dry_run_prints_push_upload_and_deploy():
     assert flag(deploy, "--accelerator") == "type=nvidia-tesla-t4,count=1"
     assert flag(deploy, "--autoscaling-metric-specs") == "gpu-duty-cycle=60"
     find(commands, "gcloud", "ai", "endpoints", "create")
+    commands, _ = dry_run("vertex/deploy.sh", "--project", "p", "--region", "r", "--model-uri", "gs://m/r",
+                          "--scale-on", "request-counts-per-minute=3000")
+    deploy = find(commands, "gcloud", "ai", "endpoints", "deploy-model")
+    assert flag(deploy, "--autoscaling-metric-specs") == "request-counts-per-minute=3000"
     assert "gcloud ai endpoints predict" in out and "raw-predict" in out
 
 
@@ -112,6 +116,8 @@ def test_sagemaker_dry_run_prints_every_step():
     ("vertex/deploy.sh", ["--project", "p", "--region", "r", "--model-uri", "s3://x"], "must be a gs:// URI"),
     ("vertex/deploy.sh", ["--project", "p", "--region", "r", "--model-uri", "gs://x", "--min-replicas", "4",
                           "--max-replicas", "2"], "above --max-replicas"),
+    ("vertex/deploy.sh", ["--project", "p", "--region", "r", "--model-uri", "gs://x", "--scale-on", "3000"],
+     "--scale-on takes METRIC=TARGET"),
     ("sagemaker/deploy.sh", ["--region", "r"], "missing --role --model-data"),
     ("sagemaker/deploy.sh", ["--region", "r", "--role", "x", "--model-data", "gs://x"], "must be an s3:// URI"),
     ("sagemaker/deploy.sh", ["--bogus"], "unknown argument: --bogus"),
