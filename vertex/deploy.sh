@@ -96,10 +96,11 @@ endpoint_id="${endpoint_id##*/}"
 deploy=(gcloud ai endpoints deploy-model "$endpoint_id" --project "$project" --region "$region"
   --model "$model_id" --display-name "$name" --machine-type "$machine_type"
   --min-replica-count "$min_replicas" --max-replica-count "$max_replicas" --traffic-split "0=100")
-metric="cpu-utilization=${target}"
+metric="cpu-usage=${target}"
 if [ -n "$accelerator" ]; then
   deploy+=(--accelerator "type=${accelerator%,*},count=${accelerator#*,}")
-  metric="gpu-duty-cycle=${target}"
+  # Both, as Vertex does by default with a GPU: CPU alone would not see a busy GPU.
+  metric="cpu-usage=${target},gpu-duty-cycle=${target}"
 fi
 deploy+=(--autoscaling-metric-specs "${scale_on:-$metric}")
 run "${deploy[@]}"

@@ -73,7 +73,7 @@ def test_vertex_dry_run_prints_push_upload_and_deploy():
     deploy = find(commands, "gcloud", "ai", "endpoints", "deploy-model")
     assert (flag(deploy, "--min-replica-count"), flag(deploy, "--max-replica-count")) == ("2", "5")
     assert flag(deploy, "--accelerator") == "type=nvidia-tesla-t4,count=1"
-    assert flag(deploy, "--autoscaling-metric-specs") == "gpu-duty-cycle=60"
+    assert flag(deploy, "--autoscaling-metric-specs") == "cpu-usage=60,gpu-duty-cycle=60"
     find(commands, "gcloud", "ai", "endpoints", "create")
     commands, _ = dry_run("vertex/deploy.sh", "--project", "p", "--region", "r", "--model-uri", "gs://m/r",
                           "--scale-on", "request-counts-per-minute=3000")

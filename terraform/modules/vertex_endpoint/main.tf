@@ -50,7 +50,7 @@ locals {
   artifact_uri = "gs://${google_storage_bucket.models.name}/${var.model_prefix}"
   env_vars     = var.default_model == "" ? "FERRY_LOG_FORMAT=json" : "FERRY_LOG_FORMAT=json,FERRY_VERTEX_AI_DEFAULT_MODEL=${var.default_model}"
   accelerator  = var.accelerator_type == "" ? "" : "--accelerator=type=${lower(replace(var.accelerator_type, "_", "-"))},count=${var.accelerator_count}"
-  metric       = var.accelerator_type == "" ? "cpu-utilization" : "gpu-duty-cycle"
+  metrics      = var.accelerator_type == "" ? "cpu-usage=${var.target_utilization}" : "cpu-usage=${var.target_utilization},gpu-duty-cycle=${var.target_utilization}"
 }
 
 resource "terraform_data" "deployment" {
@@ -71,7 +71,7 @@ resource "terraform_data" "deployment" {
         --region=${var.region} --model="$${model##*/}" --display-name=${var.name} \
         --service-account=${google_service_account.ferry.email} --machine-type=${var.machine_type} \
         ${local.accelerator} --min-replica-count=${var.min_replicas} --max-replica-count=${var.max_replicas} \
-        --autoscaling-metric-specs=${local.metric}=${var.target_utilization} --traffic-split=0=100
+        --autoscaling-metric-specs=${local.metrics} --traffic-split=0=100
     EOT
   }
 
