@@ -51,9 +51,9 @@ impl Lru {
         self.order.insert(self.tick, key);
     }
 
-    /// (entries, bytes charged)
-    pub fn usage(&self) -> (usize, usize) {
-        (self.entries.len(), self.used)
+    /// (entries, bytes charged, the bound)
+    pub fn usage(&self) -> (usize, usize, usize) {
+        (self.entries.len(), self.used, self.capacity)
     }
 }
 
@@ -75,12 +75,12 @@ mod tests {
         l.put([4; 32], v(), 100);
         assert!(l.get(&[2; 32]).is_none(), "2 was the least recently used");
         assert!(l.get(&[1; 32]).is_some() && l.get(&[3; 32]).is_some() && l.get(&[4; 32]).is_some());
-        assert_eq!(l.usage(), (3, 300));
+        assert_eq!(l.usage(), (3, 300, 300));
         l.put([5; 32], v(), 250);
-        assert_eq!(l.usage(), (1, 250));
+        assert_eq!(l.usage(), (1, 250, 300));
         l.put([6; 32], v(), 301);
         assert!(l.get(&[6; 32]).is_none(), "larger than the bound: not kept");
-        assert_eq!(l.usage(), (1, 250));
+        assert_eq!(l.usage(), (1, 250, 300));
     }
 
     #[test]
@@ -88,6 +88,6 @@ mod tests {
         let mut l = Lru::new(300);
         l.put([1; 32], v(), 100);
         l.put([1; 32], v(), 200);
-        assert_eq!(l.usage(), (1, 200));
+        assert_eq!(l.usage(), (1, 200, 300));
     }
 }

@@ -120,7 +120,6 @@ pub struct ResponseCache {
     /// Keys being computed, and where their result will appear.
     inflight: Mutex<HashMap<Key, Slot>>,
     joined: AtomicU64,
-    capacity: usize,
 }
 
 /// The outcome of a lookup.
@@ -135,13 +134,11 @@ impl ResponseCache {
     /// Builds the tiers; the Redis connection opens in the background.
     pub fn new(settings: &CacheSettings) -> Result<Arc<Self>, String> {
         let shared = settings.redis.as_ref().map(redis::RedisTier::new).transpose()?;
-        let capacity = settings.local_bytes.unwrap_or(0);
         Ok(Arc::new(ResponseCache {
             local: settings.local_bytes.map(|b| Mutex::new(local::Lru::new(b))),
             shared,
             inflight: Mutex::default(),
             joined: AtomicU64::new(0),
-            capacity,
         }))
     }
 
@@ -201,14 +198,18 @@ impl ResponseCache {
         }
     }
 
+    /// (entries, bytes charged, the bound) of the local tier.
+    fn local_usage(&self) -> Option<(usize, usize, usize)> {
+        Some(self.local.as_ref()?.lock().unwrap_or_else(|p| p.into_inner()).usage())
+    }
+
     pub fn counts(&self) -> CacheCounts {
-        let (local_entries, local_bytes) =
-            self.local.as_ref().map(|l| l.lock().unwrap_or_else(|p| p.into_inner()).usage()).unwrap_or_default();
+        let (local_entries, local_bytes, local_capacity) = self.local_usage().unwrap_or_default();
         let (shared_hits, shared_errors) = self.shared.as_ref().map(|s| s.counts()).unwrap_or_default();
         CacheCounts {
             local_entries: local_entries as u64,
             local_bytes: local_bytes as u64,
-            local_capacity: self.capacity as u64,
+            local_capacity: local_capacity as u64,
             shared_hits,
             shared_errors,
             joined: self.joined.load(Ordering::Relaxed),
@@ -218,8 +219,8 @@ impl ResponseCache {
     /// What the start-up log says.
     pub fn describe(&self) -> String {
         let mut tiers = Vec::new();
-        if self.local.is_some() {
-            tiers.push(format!("local {} bytes", self.capacity));
+        if let Some((_, _, capacity)) = self.local_usage() {
+            tiers.push(format!("local {capacity} bytes"));
         }
         if let Some(s) = &self.shared {
             tiers.push(format!("redis {}", s.describe()));

@@ -194,7 +194,8 @@ impl RedisTier {
     /// The stored response, when Redis has one and answers in time.
     pub async fn get(&self, key: &Key) -> Option<Cached> {
         let mut conn = self.connection().await?;
-        let cmd = redis::cmd("GET").arg(self.redis_key(key)).to_owned();
+        let mut cmd = redis::cmd("GET");
+        cmd.arg(self.redis_key(key));
         let found =
             match tokio::time::timeout(self.settings.timeout, cmd.query_async::<Option<Vec<u8>>>(&mut conn)).await {
                 Ok(Ok(v)) => v?,

@@ -167,6 +167,11 @@ struct ServeArgs {
     backend_config: Vec<String>,
 }
 
+/// A flag's value that cannot be used, worded for the operator.
+fn invalid(message: impl std::fmt::Display) -> clap::Error {
+    clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("{message}\n"))
+}
+
 /// Everything the server needs to know, resolved once.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -223,28 +228,23 @@ impl Config {
         for setting in &a.backend_config {
             match setting.split_once(',').and_then(|(b, kv)| Some((b, kv.split_once('=')?))) {
                 Some(("onnxruntime", ("default-max-batch-size", v))) => {
-                    default_max_batch_size = v.parse().map_err(|_| {
-                        clap::Error::raw(
-                            clap::error::ErrorKind::InvalidValue,
-                            format!("--backend-config {setting}: '{v}' is not an integer\n"),
-                        )
-                    })?;
+                    default_max_batch_size = v
+                        .parse()
+                        .map_err(|_| invalid(format!("--backend-config {setting}: '{v}' is not an integer")))?;
                 }
                 _ => {
-                    return Err(clap::Error::raw(
-                        clap::error::ErrorKind::InvalidValue,
-                        format!("--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>\n"),
-                    ));
+                    return Err(invalid(format!(
+                        "--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>"
+                    )));
                 }
             }
         }
-        let (otlp, trace) = tracing::settings(&a.trace_config, &|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
-            .map_err(|e| clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("--trace-config: {e}\n")))?;
         let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        let (otlp, trace) =
+            tracing::settings(&a.trace_config, &env).map_err(|e| invalid(format!("--trace-config: {e}")))?;
         let sagemaker_env = std::env::vars().any(|(k, _)| k.starts_with("SAGEMAKER_"));
         let opt_ml = std::path::Path::new("/opt/ml/model").is_dir() || std::path::Path::new("/opt/ml/models").is_dir();
-        let platform = platform::resolve(&a, &env, sagemaker_env, opt_ml)
-            .map_err(|e| clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("{e}\n")))?;
+        let platform = platform::resolve(&a, &env, sagemaker_env, opt_ml).map_err(invalid)?;
         let metrics = if platform.metrics {
             let mut m = MetricsSettings {
                 cpu: a.allow_cpu_metrics,
@@ -253,9 +253,7 @@ impl Config {
                 ..MetricsSettings::default()
             };
             for setting in &a.metrics_config {
-                m.apply(setting).map_err(|e| {
-                    clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("--metrics-config: {e}\n"))
-                })?;
+                m.apply(setting).map_err(|e| invalid(format!("--metrics-config: {e}")))?;
             }
             Some(m)
         } else {
@@ -282,10 +280,7 @@ impl Config {
                 _ => ControlMode::None,
             },
             storage: a.storage.resolve(&env),
-            cache: a
-                .cache
-                .resolve(&env)
-                .map_err(|e| clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("{e}\n")))?,
+            cache: a.cache.resolve(&env).map_err(invalid)?,
             load_models: a.load_model,
             allow_client_shm: a.allow_client_shm,
             log_verbose: platform.log_verbose.unwrap_or(a.log_verbose),
