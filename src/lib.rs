@@ -15,6 +15,7 @@ pub mod error;
 pub mod frontend;
 pub mod metrics;
 pub mod model;
+pub mod names;
 pub mod proto;
 pub mod repository;
 pub mod request;

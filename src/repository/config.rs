@@ -41,6 +41,9 @@ pub fn fill(cfg: &mut ModelConfig, dir: &Path, dir_name: &str) -> Result<(), Str
             cfg.name
         ));
     }
+    if !cfg.default_model_filename.is_empty() {
+        crate::names::relative_path(&cfg.default_model_filename).map_err(|e| format!("default_model_filename {e}"))?;
+    }
     if cfg.platform == "ensemble" {
         return Ok(());
     }
@@ -186,7 +189,7 @@ pub fn normalize(cfg: &mut ModelConfig) {
 }
 
 mod checks;
-pub use checks::{check_against_model, validate};
+pub use checks::{MAX_INSTANCES, MAX_WARMUP_BYTES, MAX_WARMUP_RUNS, check_against_model, validate};
 
 #[cfg(test)]
 mod tests;

@@ -2,7 +2,7 @@
 //! and the repository extension (index, load with config and file overrides, unload).
 use std::{
     collections::{BTreeMap, HashMap},
-    path::{Component, Path},
+    path::Path,
     sync::{Arc, Mutex},
 };
 
@@ -248,6 +248,7 @@ impl ModelRepository {
     /// Loads or reloads a model; the versions it replaces serve until the new ones are ready.
     pub async fn load(&self, name: &str, req: LoadRequest) -> Result<()> {
         self.check_explicit()?;
+        check_name(name)?;
         let lock = self.lock_for(name);
         let _guard = lock.lock().await;
         let config = match &req.config {
@@ -285,6 +286,7 @@ impl ModelRepository {
     /// Loads a model from a folder outside the repositories (SageMaker's multi-model API, which
     /// is its own control channel whatever the control mode).
     pub async fn load_dir(&self, name: &str, dir: &Path) -> Result<()> {
+        check_name(name)?;
         let lock = self.lock_for(name);
         let _guard = lock.lock().await;
         self.loader.load_as(name, dir, None, true).await
@@ -311,6 +313,7 @@ impl ModelRepository {
     /// Takes a model out of service; requests it admitted still finish.
     pub async fn unload(&self, name: &str, unload_dependents: bool) -> Result<()> {
         self.check_explicit()?;
+        check_name(name)?;
         self.unload_any(name, unload_dependents).await
     }
 
@@ -322,6 +325,11 @@ impl ModelRepository {
         self.inline.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
         Ok(())
     }
+}
+
+/// A model name from a client, before anything is looked up or written under it.
+fn check_name(name: &str) -> Result<()> {
+    crate::names::check_model_name(name).map_err(Error::invalid)
 }
 
 fn say_held(model: &str, plan: &Plan) {
@@ -338,12 +346,8 @@ fn write_inline(name: &str, files: &[(String, Vec<u8>)]) -> Result<tempfile::Tem
         .map_err(|e| Error::internal(format!("cannot create a folder for the model files: {e}")))?;
     let dir = temp.path().join(name);
     for (rel, content) in files {
-        let path = Path::new(rel);
-        if rel.is_empty() || path.components().any(|c| !matches!(c, Component::Normal(_))) {
-            return Err(Error::invalid(format!(
-                "failed to load '{name}': file override 'file:{rel}' must be a relative path inside the model folder"
-            )));
-        }
+        let path = crate::names::relative_path(rel)
+            .map_err(|e| Error::invalid(format!("failed to load '{name}': file override 'file:{rel}': {e}")))?;
         let target = dir.join(path);
         if let Some(parent) = target.parent() {
             std::fs::create_dir_all(parent).map_err(|e| Error::internal(format!("cannot write 'file:{rel}': {e}")))?;
@@ -363,7 +367,7 @@ mod tests {
         assert_eq!(std::fs::read(ok.path().join("m/1/model.onnx")).unwrap(), vec![1, 2]);
         for bad in ["../x", "/etc/passwd", "1/../../x", ""] {
             let e = write_inline("m", &[(bad.into(), vec![])]).unwrap_err();
-            assert!(e.message().contains("relative path inside the model folder"), "{bad}: {e}");
+            assert!(e.message().contains("file override"), "{bad}: {e}");
         }
     }
 }

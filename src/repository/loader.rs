@@ -3,7 +3,7 @@
 //! replaces finish the requests they admitted, then stop.
 use std::{
     collections::BTreeMap,
-    path::{Component, Path, PathBuf},
+    path::{Path, PathBuf},
     sync::Arc,
 };
 
@@ -168,17 +168,16 @@ fn model_path(dir: &Path, version: u64, cfg: &ModelConfig) -> PathBuf {
     dir.join(version.to_string()).join(&cfg.default_model_filename)
 }
 
+/// The largest label file read (a million classes of 64 characters).
+const MAX_LABEL_BYTES: u64 = 64 << 20;
+
 /// Label lines of an output's `label_filename`, which must stay inside the model folder.
 fn read_labels(dir: &Path, file: &str) -> std::result::Result<Vec<String>, String> {
     if file.is_empty() {
         return Ok(Vec::new());
     }
-    let rel = Path::new(file);
-    if rel.components().any(|c| !matches!(c, Component::Normal(_))) {
-        return Err(format!("label_filename '{file}' must be a path inside the model folder"));
-    }
-    let text =
-        std::fs::read_to_string(dir.join(rel)).map_err(|e| format!("cannot read label_filename '{file}': {e}"))?;
+    let data = crate::names::read_inside(dir, file, MAX_LABEL_BYTES).map_err(|e| format!("label_filename {e}"))?;
+    let text = String::from_utf8(data).map_err(|_| format!("label_filename '{file}' is not UTF-8 text"))?;
     Ok(text.lines().map(str::to_string).collect())
 }
 

@@ -42,6 +42,10 @@ pub fn scan(roots: &[PathBuf]) -> (Vec<Found>, Vec<(String, String)>) {
             let Some(name) = dir.file_name().and_then(|n| n.to_str()).map(str::to_string) else {
                 continue;
             };
+            if let Err(e) = crate::names::check_model_name(&name) {
+                tracing::warn!(folder = %dir.display(), error = %e, "skipping a folder that cannot be a model");
+                continue;
+            }
             if !dir.join(config::CONFIG_FILE).is_file() && version_dirs(&dir).is_empty() {
                 tracing::warn!(folder = %dir.display(), "skipping a folder that is not a model (no config.pbtxt, no version folder)");
                 continue;

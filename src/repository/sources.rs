@@ -193,6 +193,13 @@ impl Sources {
                 if let Some((model, rest)) = o.rel.split_once('/')
                     && !rest.is_empty()
                 {
+                    // A key that cannot be a file inside a model folder is never staged.
+                    if let Err(e) =
+                        crate::names::check_model_name(model).and_then(|()| crate::names::relative_path(&o.rel))
+                    {
+                        tracing::warn!(repository = %remote.url(), error = %e, "skipping an object whose key is not a model file");
+                        continue;
+                    }
                     by_model.entry(model.to_string()).or_default().push(o.clone());
                 }
             }
@@ -235,7 +242,12 @@ impl Sources {
             self.roots.iter().filter_map(|r| if let Root::Local(p) = r { Some(p.clone()) } else { None }).collect();
         let mut names: Vec<String> = scan_local(&local).0.into_iter().map(|f| f.name).collect();
         for objects in self.listings.lock().unwrap_or_else(|p| p.into_inner()).values() {
-            names.extend(objects.iter().filter_map(|o| o.rel.split_once('/').map(|(m, _)| m.to_string())));
+            names.extend(
+                objects
+                    .iter()
+                    .filter_map(|o| o.rel.split_once('/').map(|(m, _)| m.to_string()))
+                    .filter(|m| crate::names::check_model_name(m).is_ok()),
+            );
         }
         names.sort();
         names.dedup();

@@ -71,13 +71,14 @@ impl Samples {
 fn sample_data(dt: DataType, count: usize, kind: Option<&InputDataType>, dir: &Path) -> Result<Vec<u8>, String> {
     match kind {
         Some(InputDataType::InputDataFile(file)) => {
-            let path = dir.join("warmup").join(file);
-            let data = std::fs::read(&path).map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+            // Confined to the model's warmup/ folder, a regular file, and no larger than the
+            // input (BYTES inputs: the sample bound).
+            let rel = format!("warmup/{file}");
             let expected = dt.size().map(|s| s * count);
+            let max = expected.map_or(crate::repository::config::MAX_WARMUP_BYTES, |n| n as u64);
+            let data = crate::names::read_inside(dir, &rel, max)?;
             match expected {
-                Some(n) if n != data.len() => {
-                    Err(format!("'{}' holds {} bytes, the input needs {n}", path.display(), data.len()))
-                }
+                Some(n) if n != data.len() => Err(format!("'{rel}' holds {} bytes, the input needs {n}", data.len())),
                 _ => Ok(data),
             }
         }

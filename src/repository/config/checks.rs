@@ -91,7 +91,47 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
     if cfg.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
         return Err("model_transaction_policy.decoupled is not supported for ONNX models".into());
     }
+    check_instances(cfg)?;
+    check_warmup(cfg)
+}
+
+/// Most instances one model version may run (each holds a runtime session and its threads).
+pub const MAX_INSTANCES: i64 = 128;
+/// Most bytes one warm-up sample may allocate, and most runs of one sample.
+pub const MAX_WARMUP_BYTES: u64 = 1 << 30;
+pub const MAX_WARMUP_RUNS: u32 = 100_000;
+
+fn check_instances(cfg: &ModelConfig) -> Result<(), String> {
+    let mut total: i64 = 0;
+    for g in &cfg.instance_group {
+        let devices = if g.kind == Kind::Gpu as i32 { g.gpus.len().max(1) as i64 } else { 1 };
+        total = total.saturating_add(i64::from(g.count.max(0)).saturating_mul(devices));
+        if let Some(gpu) = g.gpus.iter().find(|&&d| d < 0) {
+            return Err(format!("instance_group '{}': GPU {gpu} is not a device number", g.name));
+        }
+    }
+    if total > MAX_INSTANCES {
+        return Err(format!(
+            "instance_group asks for {total} instances of model '{}'; at most {MAX_INSTANCES} are allowed",
+            cfg.name
+        ));
+    }
+    Ok(())
+}
+
+fn check_warmup(cfg: &ModelConfig) -> Result<(), String> {
+    let rows_allowed = cfg.max_batch_size.max(1) as u32;
     for w in &cfg.model_warmup {
+        if w.batch_size > rows_allowed {
+            return Err(format!(
+                "model_warmup '{}': batch_size {} is larger than max_batch_size {}",
+                w.name, w.batch_size, cfg.max_batch_size
+            ));
+        }
+        if w.count > MAX_WARMUP_RUNS {
+            return Err(format!("model_warmup '{}': count {} is over the {MAX_WARMUP_RUNS} allowed", w.name, w.count));
+        }
+        let mut bytes: u64 = 0;
         for (name, input) in &w.inputs {
             if input.dims.contains(&-1) {
                 return Err(format!(
@@ -99,6 +139,19 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
                     w.name
                 ));
             }
+            let item = crate::tensor::element_count(&input.dims)
+                .and_then(|n| n.checked_mul(DataType::from_config(input.data_type)?.size().unwrap_or(1)));
+            bytes = item
+                .and_then(|n| (n as u64).checked_mul(u64::from(w.batch_size.max(1))))
+                .and_then(|n| bytes.checked_add(n))
+                .filter(|&n| n <= MAX_WARMUP_BYTES)
+                .ok_or_else(|| {
+                    format!(
+                        "model_warmup '{}': input '{name}' with dims {} needs more than the {MAX_WARMUP_BYTES} bytes a warm-up sample may use",
+                        w.name,
+                        shape_string(&input.dims)
+                    )
+                })?;
         }
     }
     Ok(())

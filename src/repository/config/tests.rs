@@ -149,3 +149,45 @@ fn config_must_agree_with_the_model() {
     let err = check_against_model(&cfg, &onnx_io()).unwrap_err();
     assert!(err.contains("configuration input 'z' is not a input of the model"), "{err}");
 }
+
+#[test]
+fn files_a_config_names_stay_in_the_folder() {
+    let root = dir_with_version("m");
+    for bad in ["../../other/1/model.onnx", "/etc/passwd", "a/../../b"] {
+        let mut cfg = ModelConfig { default_model_filename: bad.into(), ..Default::default() };
+        let e = fill(&mut cfg, &root.path().join("m"), "m").unwrap_err();
+        assert!(e.starts_with("default_model_filename"), "{bad}: {e}");
+    }
+}
+
+#[test]
+fn what_a_config_can_allocate_is_bounded() {
+    use crate::proto::inference::{ModelWarmup, model_warmup::Input as WarmupInput};
+    let good = || ModelConfig {
+        name: "m".into(),
+        max_batch_size: 8,
+        input: vec![ModelInput { name: "x".into(), data_type: 11, dims: vec![4], ..Default::default() }],
+        output: vec![ModelOutput { name: "y".into(), data_type: 11, dims: vec![4], ..Default::default() }],
+        ..Default::default()
+    };
+    let mut cfg = good();
+    cfg.instance_group = vec![ModelInstanceGroup { name: "g".into(), count: i32::MAX, ..Default::default() }];
+    assert!(validate(&cfg).unwrap_err().contains("at most 128 are allowed"));
+    let warm = |dims: Vec<i64>, batch_size: u32, count: u32| ModelWarmup {
+        name: "w".into(),
+        batch_size,
+        count,
+        inputs: [("x".to_string(), WarmupInput { data_type: 11, dims, input_data_type: None })].into(),
+    };
+    let mut cfg = good();
+    cfg.model_warmup = vec![warm(vec![4], 8, 1)];
+    validate(&cfg).unwrap();
+    cfg.model_warmup = vec![warm(vec![1 << 20, 1 << 20], 1, 1)];
+    assert!(validate(&cfg).unwrap_err().contains("a warm-up sample may use"));
+    cfg.model_warmup = vec![warm(vec![i64::MAX, i64::MAX], 1, 1)];
+    assert!(validate(&cfg).unwrap_err().contains("a warm-up sample may use"));
+    cfg.model_warmup = vec![warm(vec![4], 9, 1)];
+    assert!(validate(&cfg).unwrap_err().contains("larger than max_batch_size"));
+    cfg.model_warmup = vec![warm(vec![4], 1, u32::MAX)];
+    assert!(validate(&cfg).unwrap_err().contains("count 4294967295"));
+}
