@@ -1,14 +1,20 @@
 //! System shared memory regions registered by clients (the shared-memory extension): inputs are
-//! read from them without a copy, and outputs are written into them. Behind --allow-client-shm.
+//! read from them and outputs written into them. Behind --allow-client-shm.
+//!
+//! A client owns the object and may shrink it at any moment, which turns any access to a mapping
+//! past the new end into SIGBUS. So nothing is mapped: inputs are copied out with `pread` and
+//! outputs copied in with `pwrite` on the descriptor opened at registration. A shrunk object is a
+//! request error (short read, or a size check before writing), never a signal; and the copy is
+//! what the request (and the response cache's key) sees, whatever the client writes afterwards.
 use std::{
     collections::BTreeMap,
-    fs::OpenOptions,
+    fs::{File, OpenOptions},
+    os::unix::fs::{FileExt, OpenOptionsExt},
     path::PathBuf,
     sync::{Arc, Mutex},
 };
 
 use bytes::Bytes;
-use memmap2::MmapRaw;
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -23,22 +29,11 @@ pub struct RegionStatus {
 
 struct Region {
     status: RegionStatus,
-    map: Arc<MmapRaw>,
+    file: Arc<File>,
 }
 
-/// A slice of a mapped region, kept mapped while tensors use it.
-struct Slice {
-    map: Arc<MmapRaw>,
-    start: usize,
-    len: usize,
-}
-
-impl AsRef<[u8]> for Slice {
-    fn as_ref(&self) -> &[u8] {
-        // The mapping lives as long as `map`, and start + len was checked against its length.
-        unsafe { std::slice::from_raw_parts(self.map.as_ptr().add(self.start), self.len) }
-    }
-}
+/// Most regions registered at once (each holds a descriptor open).
+pub const MAX_REGIONS: usize = 1024;
 
 pub struct SharedMemory {
     allowed: bool,
@@ -60,10 +55,12 @@ impl SharedMemory {
         if self.allowed { Ok(()) } else { Err(Error::unsupported(DISABLED)) }
     }
 
-    /// Maps `[offset, offset + byte_size)` of the POSIX shared memory object `key`.
+    /// Registers `[offset, offset + byte_size)` of the POSIX shared memory object `key` (one name
+    /// under /dev/shm; a symbolic link or anything but a regular file is refused).
     pub fn register(&self, name: &str, key: &str, offset: u64, byte_size: u64) -> Result<()> {
         self.check_allowed()?;
-        if key.starts_with("triton_python_backend_shm_region_") {
+        let object = crate::names::shm_object(key).map_err(Error::invalid)?;
+        if object.starts_with("triton_python_backend_shm_region_") {
             return Err(Error::invalid(format!("shared memory key '{key}' uses a reserved prefix")));
         }
         let mut regions = self.lock();
@@ -73,22 +70,29 @@ impl SharedMemory {
                 format!("shared memory region '{name}' already in manager"),
             ));
         }
-        let path = PathBuf::from("/dev/shm").join(key.trim_start_matches('/'));
+        if regions.len() >= MAX_REGIONS {
+            return Err(Error::invalid(format!(
+                "failed to register shared memory region '{name}': {MAX_REGIONS} regions are registered, the most allowed"
+            )));
+        }
         let file = OpenOptions::new()
             .read(true)
             .write(true)
-            .open(&path)
-            .map_err(|e| Error::internal(format!("Unable to open shared memory region: '{key}': {e}")))?;
-        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+            .open(PathBuf::from("/dev/shm").join(object))
+            .map_err(|e| Error::invalid(format!("Unable to open shared memory region: '{key}': {}", e.kind())))?;
+        let meta = file.metadata().map_err(|e| Error::internal(format!("shared memory '{key}': {e}")))?;
+        if !meta.is_file() {
+            return Err(Error::invalid(format!("shared memory key '{key}' is not a shared memory object")));
+        }
+        let size = meta.len();
         if offset.checked_add(byte_size).is_none_or(|end| end > size) {
             return Err(Error::invalid(format!(
                 "failed to register shared memory region '{name}': invalid args (offset {offset} + byte_size {byte_size} is past the {size} bytes of '{key}')"
             )));
         }
-        let map =
-            MmapRaw::map_raw(&file).map_err(|e| Error::internal(format!("cannot map shared memory '{key}': {e}")))?;
         let status = RegionStatus { name: name.to_string(), key: key.to_string(), offset, byte_size };
-        regions.insert(name.to_string(), Region { status, map: Arc::new(map) });
+        regions.insert(name.to_string(), Region { status, file: Arc::new(file) });
         tracing::debug!(region = name, key, offset, byte_size, "registered system shared memory");
         Ok(())
     }
@@ -117,7 +121,8 @@ impl SharedMemory {
         }
     }
 
-    fn locate(&self, name: &str, offset: u64, size: u64) -> Result<(Arc<MmapRaw>, usize)> {
+    /// The region's descriptor and where `[offset, offset + size)` of it starts in the object.
+    fn locate(&self, name: &str, offset: u64, size: u64) -> Result<(Arc<File>, u64)> {
         self.check_allowed()?;
         let regions = self.lock();
         let r = regions
@@ -129,13 +134,23 @@ impl SharedMemory {
         if offset.checked_add(size).is_none_or(|end| end > r.status.byte_size) {
             return Err(Error::invalid(format!("Invalid offset + byte size for shared memory region: '{name}'")));
         }
-        Ok((Arc::clone(&r.map), (r.status.offset + offset) as usize))
+        Ok((Arc::clone(&r.file), r.status.offset + offset))
     }
 
-    /// The bytes of an input held in a region, without a copy.
+    /// A copy of the bytes of an input held in a region.
     pub fn read(&self, name: &str, offset: u64, size: u64) -> Result<Bytes> {
-        let (map, start) = self.locate(name, offset, size)?;
-        Ok(Bytes::from_owner(Slice { map, start, len: size as usize }))
+        let (file, start) = self.locate(name, offset, size)?;
+        let mut data = vec![0u8; size as usize];
+        let mut done = 0;
+        while done < data.len() {
+            match file.read_at(&mut data[done..], start + done as u64) {
+                Ok(0) => return Err(shrunk(name, start + size)),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::internal(format!("cannot read shared memory region '{name}': {e}"))),
+            }
+        }
+        Ok(Bytes::from(data))
     }
 
     /// Writes an output into a region; `size` is the room the client gave it.
@@ -146,11 +161,22 @@ impl SharedMemory {
                 data.len()
             )));
         }
-        let (map, start) = self.locate(name, offset, size)?;
-        // The region was checked to hold `size` >= data.len() bytes at `start`.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), map.as_mut_ptr().add(start), data.len()) };
-        Ok(())
+        let (file, start) = self.locate(name, offset, size)?;
+        // Writing past a shrunk end would grow the client's object again: refuse instead.
+        let now = file.metadata().map(|m| m.len()).unwrap_or(0);
+        if now < start + data.len() as u64 {
+            return Err(shrunk(name, start + data.len() as u64));
+        }
+        file.write_all_at(data, start).map_err(|e| {
+            Error::internal(format!("cannot write output '{output}' to shared memory region '{name}': {e}"))
+        })
     }
+}
+
+fn shrunk(name: &str, needed: u64) -> Error {
+    Error::invalid(format!(
+        "shared memory region '{name}' is smaller than when it was registered (it must hold {needed} bytes); register it again"
+    ))
 }
 
 #[cfg(test)]
@@ -179,6 +205,36 @@ mod tests {
         shm.unregister(Some("r")).unwrap();
         assert_eq!(shm.status(Some("r")).unwrap_err().kind(), ErrorKind::NotFound);
         assert!(shm.register("big", &key, 60, 8).unwrap_err().message().contains("invalid args"));
+        std::fs::remove_file(path).unwrap();
+    }
+
+    #[test]
+    fn keys_name_only_shm_objects() {
+        let shm = SharedMemory::new(true);
+        for bad in ["../../etc/passwd", "/../../etc/passwd", "/a/b", "..", "/"] {
+            let e = shm.register("r", bad, 0, 1).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{bad}: {e}");
+        }
+        let key = format!("ferry-test-link-{}", std::process::id());
+        let link = PathBuf::from("/dev/shm").join(&key);
+        let _ = std::fs::remove_file(&link);
+        std::os::unix::fs::symlink("/etc/hostname", &link).unwrap();
+        assert!(shm.register("r", &key, 0, 1).is_err(), "a symbolic link is not followed");
+        std::fs::remove_file(link).unwrap();
+        assert!(shm.status(None).unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_shrunk_object_is_a_request_error() {
+        let key = format!("ferry-test-shrink-{}", std::process::id());
+        let path = object(&key, 4096);
+        let shm = SharedMemory::new(true);
+        shm.register("r", &key, 0, 4096).unwrap();
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(16).unwrap();
+        assert!(shm.read("r", 0, 4096).unwrap_err().message().contains("smaller than when it was registered"));
+        assert!(shm.write("r", 1024, 8, "out", &[1; 8]).unwrap_err().message().contains("smaller"));
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 16, "the object is not grown back");
+        assert_eq!(shm.read("r", 0, 16).unwrap().len(), 16);
         std::fs::remove_file(path).unwrap();
     }
 

@@ -101,3 +101,45 @@ model_warmup [ { name: "w" batch_size: 1
         assert "default_model_filename" in index["escape"], index
         assert "at most 128 are allowed" in index["many"], index
         assert "a warm-up sample may use" in index["huge"], index
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_shared_memory_keys_and_shrunk_regions(protocol):
+    """A key names one object under /dev/shm, nothing else; a region the client shrinks after
+    registering it fails the requests that use it (it used to kill the server with SIGBUS)."""
+    import numpy as np
+    import tritonclient.http as httpclient
+    import tritonclient.utils.shared_memory as shm
+    from conftest import EXAMPLES
+
+    lib = httpclient if protocol == "http" else grpcclient
+    with Server(["--model-repository", EXAMPLES, "--allow-client-shm"]) as s:
+        client = s.client() if protocol == "http" else s.grpc_client()
+        for key in ["../../etc/hostname", "/../../etc/hostname", "/a/b"]:
+            with pytest.raises(InferenceServerException, match="shared memory key"):
+                client.register_system_shared_memory("evil", key, 4)
+        key = f"/ferry_test_shrink_{protocol}"
+        handle = shm.create_shared_memory_region("in", key, 1 << 20)
+        try:
+            a = np.arange(16, dtype=np.int32).reshape(1, 16)
+            shm.set_shared_memory_region(handle, [a, a])
+            client.register_system_shared_memory("in", key, 1 << 20)
+            inputs = []
+            for i, name in enumerate(["INPUT0", "INPUT1"]):
+                t = lib.InferInput(name, [1, 16], "INT32")
+                t.set_shared_memory("in", 64, offset=(1 << 19) + 64 * i)
+                inputs.append(t)
+            os.truncate(f"/dev/shm{key}", 4096)
+            with pytest.raises(InferenceServerException, match="smaller than when it was registered"):
+                client.infer("simple", inputs)
+            out = lib.InferRequestedOutput("OUTPUT0")
+            out.set_shared_memory("in", 64, offset=(1 << 19))
+            small = [lib.InferInput(n, [1, 16], "INT32").set_data_from_numpy(a) for n in ("INPUT0", "INPUT1")]
+            with pytest.raises(InferenceServerException, match="smaller than when it was registered"):
+                client.infer("simple", small, outputs=[out])
+            assert s.proc.poll() is None, "the server is still running"
+            r = client.infer("simple", small)
+            np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), a + a)
+        finally:
+            client.unregister_system_shared_memory()
+            shm.destroy_shared_memory_region(handle)
