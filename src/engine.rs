@@ -10,6 +10,7 @@ use std::{
 };
 
 use crate::{
+    admission::Admission,
     cache::{self, Lookup, ResponseCache},
     error::{Error, Result},
     model::ModelVersion,
@@ -82,6 +83,8 @@ pub struct Services {
     pub logging: Logging,
     pub tracing: Tracing,
     pub shm: SharedMemory,
+    /// The server-wide budget for the bytes of requests in flight.
+    pub admission: Arc<Admission>,
 }
 
 pub struct Engine {
@@ -130,6 +133,11 @@ impl Engine {
         &self.services.shm
     }
 
+    /// Admission control (front-ends take tickets for what they read).
+    pub fn admission(&self) -> &Arc<Admission> {
+        &self.services.admission
+    }
+
     /// Trace settings, global or of one model (which must exist and be ready).
     pub fn trace_settings(&self, model: Option<&str>) -> Result<TraceSettings> {
         self.check_trace_model(model)?;
@@ -157,6 +165,7 @@ impl Engine {
 
     pub fn set_exiting(&self) {
         self.phase.store(EXITING, Ordering::SeqCst);
+        self.services.admission.close();
     }
 
     /// Live from start until shutdown begins.
@@ -229,6 +238,10 @@ impl Engine {
 
     /// Runs one inference request to completion.
     pub async fn infer(&self, req: InferRequest) -> Result<InferResponse> {
+        // Once a stop began, only requests that arrived before it run.
+        if crate::admission::arrived_after_stop() {
+            self.live()?;
+        }
         let start = Instant::now();
         let (name, version) = (req.model_name.clone(), req.model_version);
         let shm_targets: Vec<(String, ShmRef)> =
@@ -236,7 +249,7 @@ impl Engine {
         let model = self.registry.resolve(&name, version)?;
         // Lives until the reply is ready; the scheduler hangs the queue and compute spans on it.
         let span = self.trace_span(&req, model.version);
-        let cache = self.cache_for(&model).map(|c| (c, cache::key(&name, model.version, &req)));
+        let cache = self.cache_for(&model).map(|c| (c, cache::key(&name, model.version, &model.content, &req)));
         let validated = match validate(&name, &model.schema, req) {
             Ok(v) => ValidatedRequest { span: span.clone(), ..v },
             Err(e) => {

@@ -13,6 +13,10 @@ pub enum ErrorKind {
     AlreadyExists,
     Cancelled,
     PayloadTooLarge,
+    /// The server's admission budget is spent: retry later (503 with Retry-After).
+    Overloaded,
+    /// The request took longer than the server allows (a body read deadline).
+    Timeout,
 }
 
 /// gRPC status codes, by number (front-ends convert them to their framework's type).
@@ -21,6 +25,7 @@ pub mod grpc_code {
     pub const INVALID_ARGUMENT: i32 = 3;
     pub const NOT_FOUND: i32 = 5;
     pub const ALREADY_EXISTS: i32 = 6;
+    pub const DEADLINE_EXCEEDED: i32 = 4;
     pub const RESOURCE_EXHAUSTED: i32 = 8;
     pub const UNIMPLEMENTED: i32 = 12;
     pub const INTERNAL: i32 = 13;
@@ -40,6 +45,8 @@ impl ErrorKind {
             ErrorKind::AlreadyExists => (400, grpc_code::ALREADY_EXISTS),
             ErrorKind::Cancelled => (400, grpc_code::CANCELLED),
             ErrorKind::PayloadTooLarge => (413, grpc_code::RESOURCE_EXHAUSTED),
+            ErrorKind::Overloaded => (503, grpc_code::RESOURCE_EXHAUSTED),
+            ErrorKind::Timeout => (408, grpc_code::DEADLINE_EXCEEDED),
         }
     }
 }

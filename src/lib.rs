@@ -6,6 +6,7 @@
 //! reply is split per request and encoded back by the front-end. `repository` turns model
 //! repositories into loaded, ready model versions. Data types (`tensor`, `error`) depend on
 //! nothing.
+pub mod admission;
 pub mod backend;
 pub mod cache;
 pub mod classify;

@@ -15,11 +15,14 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async {
+    let code = runtime.block_on(async {
+        // Signal handlers first: in a container ferry is PID 1, and a SIGTERM that arrives before
+        // a handler exists is dropped (a stop during a long start-up would end in SIGKILL).
+        let shutdown = shutdown_signal();
         // Inside the runtime: the OTLP exporter runs on it.
         let telemetry =
             telemetry::init(config.log_verbose, config.log_filter.as_deref(), config.log_format, config.otlp.as_ref());
-        let result = server::run(config, Some(telemetry.control.clone()), telemetry.tracing(), shutdown_signal()).await;
+        let result = server::run(config, Some(telemetry.control.clone()), telemetry.tracing(), shutdown).await;
         telemetry.shutdown().await;
         match result {
             Ok(()) => ExitCode::SUCCESS,
@@ -28,27 +31,38 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-    })
+    });
+    // Work that cannot be cancelled (a model session being built) does not hold the exit.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    code
 }
 
-/// Ctrl-C or SIGTERM (what container platforms send before they stop a container).
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// SIGTERM (what container platforms send before they stop a container) or Ctrl-C. The handlers
+/// are installed when this is called, not when the future is first polled; a second signal
+/// during the graceful stop exits at once.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
+    use tokio::signal::unix::{SignalKind, signal};
+    let term = signal(SignalKind::terminate());
+    let int = signal(SignalKind::interrupt());
+    let (mut term, mut int) = match (term, int) {
+        (Ok(t), Ok(i)) => (t, i),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("ferry: cannot install signal handlers: {e}");
+            std::process::exit(1);
         }
     };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
+    async move {
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = int.recv() => {},
+        }
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = int.recv() => {},
+            }
+            eprintln!("ferry: second stop signal: exiting now");
+            std::process::exit(1);
+        });
     }
 }

@@ -104,6 +104,9 @@ pub struct ModelVersion {
     pub schema: Arc<Schema>,
     pub scheduler: Scheduler,
     pub stats: Arc<Stats>,
+    /// A digest of what the version computes with (its files and effective config), for the
+    /// response cache's keys; empty when the cache does not serve it.
+    pub content: String,
 }
 
 impl ModelVersion {

@@ -11,12 +11,14 @@ use std::{
 use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 
 use crate::{
+    admission::Admission,
     backend::{Backends, identity::IdentityBackend, onnx::OnnxBackend},
     cache::ResponseCache,
     config::Config,
     config::Mode,
+    config::Network,
     engine::{EXTENSIONS, Engine, ServerInfo, Services},
-    frontend::{self, grpc, http::HttpState, sagemaker::SageMakerState, vertex::VertexState},
+    frontend::{self, grpc, guard::AdmitLayer, http::HttpState, net, sagemaker::SageMakerState, vertex::VertexState},
     metrics::{FIRST_RESPONSE_BUCKETS, Metrics},
     repository::{
         control::{ControlMode, ModelRepository},
@@ -31,11 +33,6 @@ use crate::{
 
 type Service = (&'static str, JoinHandle<Result<(), String>>);
 
-/// Resolves once the stop signal is set.
-async fn stopped(stop: &mut watch::Receiver<bool>) {
-    let _ = stop.wait_for(|s| *s).await;
-}
-
 async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
     let listener = TcpListener::bind(addr).await.map_err(|e| format!("cannot listen for {what} on {addr}: {e}"))?;
     let local = listener.local_addr().map_err(|e| e.to_string())?;
@@ -43,43 +40,38 @@ async fn bind(what: &str, addr: SocketAddr) -> Result<TcpListener, String> {
     Ok(listener)
 }
 
-/// Serves an axum router until `stop`, with TCP_NODELAY (replies are small and written at once:
-/// Nagle's algorithm would hold them back ~40 ms).
-fn serve_http(
-    listener: TcpListener,
-    app: axum::Router,
-    mut stop: watch::Receiver<bool>,
-) -> JoinHandle<Result<(), String>> {
-    tokio::spawn(async move {
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stopped(&mut stop).await })
-            .await
-            .map_err(|e| e.to_string())
-    })
+/// The listeners' shared pieces.
+struct Listen {
+    limits: Network,
+    admission: Arc<Admission>,
+    stop: watch::Receiver<bool>,
 }
 
-fn serve_grpc(
-    listener: TcpListener,
-    engine: Arc<Engine>,
-    mut stop: watch::Receiver<bool>,
-) -> JoinHandle<Result<(), String>> {
-    let (inference, health) = grpc::services(engine);
-    let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |tcp| {
-        tcp.inspect(|s| {
-            let _ = s.set_nodelay(true);
-        })
-    });
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
+impl Listen {
+    fn http(&self, listener: TcpListener, app: axum::Router) -> JoinHandle<Result<(), String>> {
+        let (limits, admission, stop) = (self.limits.clone(), Arc::clone(&self.admission), self.stop.clone());
+        tokio::spawn(net::serve_http(listener, app, limits, admission, stop))
+    }
+
+    fn grpc(&self, listener: TcpListener, engine: Arc<Engine>) -> JoinHandle<Result<(), String>> {
+        let l = &self.limits;
+        let (inference, health) = grpc::services(engine, l);
+        let incoming = net::grpc_incoming(listener, l, self.stop.clone());
+        let mut stop = self.stop.clone();
+        let server = tonic::transport::Server::builder()
+            .max_concurrent_streams(Some(l.grpc_max_concurrent_streams))
+            .http2_keepalive_interval(Some(Duration::from_secs(60)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .layer(AdmitLayer { admission: Arc::clone(&self.admission) })
             .add_service(inference)
-            .add_service(health)
-            .serve_with_incoming_shutdown(incoming, async move { stopped(&mut stop).await })
-            .await
-            .map_err(|e| e.to_string())
-    })
+            .add_service(health);
+        tokio::spawn(async move {
+            server
+                .serve_with_incoming_shutdown(incoming, async move { net::stopped(&mut stop).await })
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
 }
 
 /// Reads the machine gauges every interval, and prints EMF lines when asked.
@@ -90,7 +82,7 @@ fn spawn_metrics_tasks(metrics: &Arc<Metrics>, emf_secs: u64, stop: watch::Recei
         loop {
             tokio::select! {
                 _ = tick.tick() => { let m = Arc::clone(&m); let _ = tokio::task::spawn_blocking(move || m.sample()).await; }
-                () = stopped(&mut stop_sampling) => break,
+                () = net::stopped(&mut stop_sampling) => break,
             }
         }
     });
@@ -108,7 +100,7 @@ fn spawn_metrics_tasks(metrics: &Arc<Metrics>, emf_secs: u64, stop: watch::Recei
                         println!("{line}");
                     }
                 }
-                () = stopped(&mut stop_emf) => break,
+                () = net::stopped(&mut stop_emf) => break,
             }
         }
     });
@@ -141,6 +133,7 @@ pub async fn run(
         cores: config.cores,
         recent_stats: config.metrics.as_ref().is_some_and(|m| m.summary_latencies),
         histogram: config.metrics.as_ref().filter(|m| m.histogram_latencies).map(|_| FIRST_RESPONSE_BUCKETS.to_vec()),
+        content_digests: config.cache.is_some(),
     };
     let loader = Loader::new(backends, Arc::clone(&registry), options);
     let sources = Sources::new(&roots, &config.storage.settings, &config.storage.cache_dir)?;
@@ -158,70 +151,49 @@ pub async fn run(
         }
         None => None,
     };
+    let admission = Admission::new(config.network.admission_budget);
     let services = Services {
         cache: cache.clone(),
         repository: Arc::clone(&repository),
         logging: Logging::new(config.log_verbose, log_control),
         tracing: Tracing::new(config.trace.clone()),
         shm: SharedMemory::new(config.allow_client_shm),
+        admission: Arc::clone(&admission),
     };
     let engine = Arc::new(Engine::new(services, info, config.strict_readiness, traces));
 
     // Listen first, load second: health answers (not ready) while models load.
     let (stop_tx, stop_rx) = watch::channel(false);
-    let mut services: Vec<Service> = Vec::new();
-    let state = Arc::new(HttpState {
+    let listen = Listen { limits: config.network.clone(), admission: Arc::clone(&admission), stop: stop_rx.clone() };
+    let metrics = config
+        .metrics
+        .as_ref()
+        .map(|m| Metrics::new(m.clone(), Arc::clone(&registry), cache.clone(), Arc::clone(&admission)));
+    let services = listeners(&config, &listen, &engine, metrics.as_ref()).await?;
+    let stopping = Stopping {
         engine: Arc::clone(&engine),
-        max_input_size: config.http_max_input_size,
-        size_note: config.size_note.clone(),
-    });
-    let metrics = config.metrics.as_ref().map(|m| Metrics::new(m.clone(), Arc::clone(&registry), cache.clone()));
-    // The KServe v2 routes, also reached through Vertex AI's redirect header.
-    let mut kserve = frontend::http::routes(Arc::clone(&state));
-    if let Some(m) = &metrics {
-        kserve = kserve.merge(frontend::metrics::routes(Arc::clone(m)));
-    }
-    let kserve = frontend::http::with_fallbacks(kserve);
-    if let Some(v) = &config.platform.vertex {
-        let vertex = Arc::new(VertexState { http: Arc::clone(&state), settings: v.clone(), kserve: kserve.clone() });
-        let listener = bind("Vertex AI", v.addr).await?;
-        services.push(("Vertex AI", serve_http(listener, frontend::vertex::router(vertex), stop_rx.clone())));
-    }
-    if let Some(sm) = &config.platform.sagemaker {
-        let sagemaker = Arc::new(SageMakerState::new(Arc::clone(&state), sm.clone()));
-        let listener = bind("SageMaker", sm.addr).await?;
-        services.push(("SageMaker", serve_http(listener, frontend::sagemaker::router(sagemaker), stop_rx.clone())));
-    }
-    if config.platform.http {
-        let http = bind("HTTP KServe v2", config.http_addr).await?;
-        services.push(("HTTP", serve_http(http, frontend::http::router(Arc::clone(&state)), stop_rx.clone())));
-    }
-    if config.platform.grpc {
-        let grpc = bind("gRPC KServe v2", config.grpc_addr).await?;
-        services.push(("gRPC", serve_grpc(grpc, Arc::clone(&engine), stop_rx.clone())));
-    }
-    if let Some(metrics) = &metrics {
-        let listener = bind("Prometheus metrics", config.metrics_addr).await?;
-        services
-            .push(("metrics", serve_http(listener, frontend::metrics::router(Arc::clone(metrics)), stop_rx.clone())));
-        spawn_metrics_tasks(metrics, config.emf_interval_secs, stop_rx.clone());
-    }
+        admission,
+        stop: stop_tx,
+        services,
+        limit: config.network.exit_timeout,
+    };
 
-    let failures = repository.load_startup(&config.load_models).await;
+    let mut shutdown = Box::pin(shutdown);
+    // A stop signal during start-up abandons the loads in progress (downloads included).
+    let failures = tokio::select! {
+        f = repository.load_startup(&config.load_models) => f,
+        () = &mut shutdown => {
+            tracing::info!("stop signal during start-up: abandoning the model loads in progress");
+            stopping.run().await;
+            return Ok(());
+        }
+    };
     if !failures.is_empty() && config.exit_on_error {
-        let _ = stop_tx.send(true);
+        stopping.run().await;
         return Err(format!("failed to load all models (--exit-on-error=true): {}", failures.join("; ")));
     }
     engine.set_serving();
-    if cache.is_none() {
-        for m in registry.serving(None).iter().filter(|m| m.config.response_cache.as_ref().is_some_and(|c| c.enable)) {
-            tracing::warn!(
-                model = %m.name,
-                version = m.version,
-                "response_cache is enabled in the model's config but the server has no cache (--cache-config local,size=<bytes>); every request runs the model"
-            );
-        }
-    }
+    warn_cache_unused(&registry, cache.is_some());
     tracing::info!(models = registry.serving(None).len(), "ferry is serving");
     if config.control == ControlMode::Poll {
         let (repository, mut stop) = (Arc::clone(&repository), stop_rx.clone());
@@ -230,27 +202,115 @@ pub async fn run(
             loop {
                 tokio::select! {
                     () = tokio::time::sleep(every) => repository.poll().await,
-                    () = stopped(&mut stop) => break,
+                    () = net::stopped(&mut stop) => break,
                 }
             }
         });
     }
 
     shutdown.await;
-    tracing::info!("shutting down: finishing requests in flight");
-    engine.set_exiting();
-    let _ = stop_tx.send(true);
-    for (name, task) in services {
-        match task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => tracing::error!(error = %e, "{name} service stopped with an error"),
-            Err(e) => tracing::error!(error = %e, "{name} service task failed"),
-        }
-    }
+    stopping.run().await;
     for model in registry.serving(None) {
         repository.loader().unload(&model.name);
     }
     Ok(())
+}
+
+/// Starts every listener the platform asks for.
+async fn listeners(
+    config: &Config,
+    listen: &Listen,
+    engine: &Arc<Engine>,
+    metrics: Option<&Arc<Metrics>>,
+) -> Result<Vec<Service>, String> {
+    let mut services: Vec<Service> = Vec::new();
+    let state = Arc::new(HttpState {
+        engine: Arc::clone(engine),
+        max_input_size: config.http_max_input_size,
+        size_note: config.size_note.clone(),
+    });
+    // The KServe v2 routes, also reached through Vertex AI's redirect header.
+    let mut kserve = frontend::http::routes(Arc::clone(&state));
+    if let Some(m) = metrics {
+        kserve = kserve.merge(frontend::metrics::routes(Arc::clone(m)));
+    }
+    let kserve = frontend::http::with_fallbacks(kserve);
+    if let Some(v) = &config.platform.vertex {
+        let vertex = Arc::new(VertexState { http: Arc::clone(&state), settings: v.clone(), kserve: kserve.clone() });
+        let listener = bind("Vertex AI", v.addr).await?;
+        services.push(("Vertex AI", listen.http(listener, frontend::vertex::router(vertex))));
+    }
+    if let Some(sm) = &config.platform.sagemaker {
+        let sagemaker = Arc::new(SageMakerState::new(Arc::clone(&state), sm.clone()));
+        let listener = bind("SageMaker", sm.addr).await?;
+        services.push(("SageMaker", listen.http(listener, frontend::sagemaker::router(sagemaker))));
+    }
+    if config.platform.http {
+        let http = bind("HTTP KServe v2", config.http_addr).await?;
+        services.push(("HTTP", listen.http(http, frontend::http::router(Arc::clone(&state)))));
+    }
+    if config.platform.grpc {
+        let grpc = bind("gRPC KServe v2", config.grpc_addr).await?;
+        services.push(("gRPC", listen.grpc(grpc, Arc::clone(engine))));
+    }
+    if let Some(metrics) = metrics {
+        let listener = bind("Prometheus metrics", config.metrics_addr).await?;
+        services.push(("metrics", listen.http(listener, frontend::metrics::router(Arc::clone(metrics)))));
+        spawn_metrics_tasks(metrics, config.emf_interval_secs, listen.stop.clone());
+    }
+    Ok(services)
+}
+
+/// A model that asks for the response cache on a server without one is said once, at start.
+fn warn_cache_unused(registry: &Registry, has_cache: bool) {
+    if has_cache {
+        return;
+    }
+    for m in registry.serving(None).iter().filter(|m| m.config.response_cache.as_ref().is_some_and(|c| c.enable)) {
+        tracing::warn!(
+            model = %m.name,
+            version = m.version,
+            "response_cache is enabled in the model's config but the server has no cache (--cache-config local,size=<bytes>); every request runs the model"
+        );
+    }
+}
+
+/// The graceful stop, bounded by --exit-timeout-secs: not ready and refusing new requests at
+/// once, admitted requests finish, then the listeners close; what is left at the deadline is
+/// cancelled.
+struct Stopping {
+    engine: Arc<Engine>,
+    admission: Arc<Admission>,
+    stop: watch::Sender<bool>,
+    services: Vec<Service>,
+    limit: Duration,
+}
+
+impl Stopping {
+    async fn run(self) {
+        let deadline = tokio::time::Instant::now() + self.limit;
+        self.engine.set_exiting();
+        let in_flight = self.admission.counts().live;
+        tracing::info!(in_flight, deadline_secs = self.limit.as_secs(), "shutting down: finishing admitted requests");
+        if tokio::time::timeout_at(deadline, self.admission.drained()).await.is_err() {
+            let left = self.admission.counts().live;
+            tracing::warn!(in_flight = left, "exit deadline reached (--exit-timeout-secs): cancelling what is left");
+        }
+        let _ = self.stop.send(true);
+        for (name, task) in self.services {
+            let abort = task.abort_handle();
+            match tokio::time::timeout_at(deadline, task).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => tracing::error!(error = %e, "{name} service stopped with an error"),
+                Ok(Err(e)) if e.is_cancelled() => {}
+                Ok(Err(e)) => tracing::error!(error = %e, "{name} service task failed"),
+                Err(_) => {
+                    tracing::warn!("{name}: connections still open at the exit deadline are closed");
+                    abort.abort();
+                }
+            }
+        }
+    }
 }
 
 /// Says once, at start, where ferry runs and what it serves.

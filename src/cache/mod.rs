@@ -36,19 +36,22 @@ pub struct CacheSettings {
     pub redis: Option<RedisSettings>,
 }
 
-/// The key of a request to `model` at its resolved `version`: the inputs in name order, each
-/// with its datatype, shape and bytes, then the requested outputs in request order (their order
-/// and classification change the response). Lengths are hashed before contents, so no two
-/// different requests share an encoding.
-pub fn key(model: &str, version: u64, req: &InferRequest) -> Key {
+/// The key of a request to `model` at its resolved `version` whose files and config have the
+/// digest `content` (a version overwritten in place gets new keys, here and in a Redis tier
+/// other replicas share): the inputs in name order, each with its datatype, shape and bytes,
+/// then the requested outputs in request order (their order and classification change the
+/// response). Lengths are hashed before contents, so no two different requests share an
+/// encoding.
+pub fn key(model: &str, version: u64, content: &str, req: &InferRequest) -> Key {
     fn field(h: &mut Sha256, b: &[u8]) {
         h.update((b.len() as u64).to_le_bytes());
         h.update(b);
     }
     let mut h = Sha256::new();
-    field(&mut h, b"ferry-response-cache-v1");
+    field(&mut h, b"ferry-response-cache-v2");
     field(&mut h, model.as_bytes());
     h.update(version.to_le_bytes());
+    field(&mut h, content.as_bytes());
     let mut inputs: Vec<_> = req.inputs.iter().collect();
     inputs.sort_by(|a, b| a.name.cmp(&b.name));
     h.update((inputs.len() as u64).to_le_bytes());

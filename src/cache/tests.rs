@@ -22,44 +22,45 @@ fn request(data: &[u8], shape: Vec<i64>, datatype: DataType) -> InferRequest {
 #[test]
 fn the_key_sees_every_part_of_a_request() {
     let base = request(&[1, 2, 3, 4], vec![1, 4], DataType::Uint8);
-    let k = key("m", 1, &base);
-    assert_eq!(k, key("m", 1, &base.clone()), "deterministic");
+    let k = key("m", 1, "c", &base);
+    assert_eq!(k, key("m", 1, "c", &base.clone()), "deterministic");
     let mut reordered = base.clone();
     reordered.inputs.reverse();
-    assert_eq!(k, key("m", 1, &reordered), "input order does not matter");
+    assert_eq!(k, key("m", 1, "c", &reordered), "input order does not matter");
     let mut id = base.clone();
     id.id = "other".into();
-    assert_eq!(k, key("m", 1, &id), "the request id is not part of the response's content");
+    assert_eq!(k, key("m", 1, "c", &id), "the request id is not part of the response's content");
     let mut differ = vec![
-        key("m", 2, &base),
-        key("n", 1, &base),
-        key("m", 1, &request(&[1, 2, 3, 5], vec![1, 4], DataType::Uint8)),
-        key("m", 1, &request(&[1, 2, 3, 4], vec![4, 1], DataType::Uint8)),
-        key("m", 1, &request(&[1, 2, 3, 4], vec![1, 4], DataType::Int8)),
+        key("m", 2, "c", &base),
+        key("m", 1, "other content", &base),
+        key("n", 1, "c", &base),
+        key("m", 1, "c", &request(&[1, 2, 3, 5], vec![1, 4], DataType::Uint8)),
+        key("m", 1, "c", &request(&[1, 2, 3, 4], vec![4, 1], DataType::Uint8)),
+        key("m", 1, "c", &request(&[1, 2, 3, 4], vec![1, 4], DataType::Int8)),
     ];
     let mut flipped = base.clone();
     flipped.inputs[1].data = Bytes::from_static(&[1, 2, 3, 4 ^ 0x80]);
-    differ.push(key("m", 1, &flipped));
+    differ.push(key("m", 1, "c", &flipped));
     let mut renamed = base.clone();
     renamed.inputs[0].name = "C".into();
-    differ.push(key("m", 1, &renamed));
+    differ.push(key("m", 1, "c", &renamed));
     let mut one_output = base.clone();
     one_output.outputs = vec![RequestedOutput { name: "Y".into(), ..Default::default() }];
-    differ.push(key("m", 1, &one_output));
+    differ.push(key("m", 1, "c", &one_output));
     let mut classified = one_output.clone();
     classified.outputs[0].classification = Some(3);
-    differ.push(key("m", 1, &classified));
+    differ.push(key("m", 1, "c", &classified));
     // Moving a byte from one input to the next keeps the concatenation but not the key.
     let mut moved = base.clone();
     moved.inputs[0].data = Bytes::from_static(&[1, 2, 3]);
     moved.inputs[1].data = Bytes::from_static(&[4, 1, 2, 3, 4]);
-    differ.push(key("m", 1, &moved));
+    differ.push(key("m", 1, "c", &moved));
     for (i, d) in differ.iter().enumerate() {
         assert_ne!(&k, d, "variant {i} must not share the key");
     }
     differ.sort();
     differ.dedup();
-    assert_eq!(differ.len(), 10, "variants differ from each other too");
+    assert_eq!(differ.len(), 11, "variants differ from each other too");
 }
 
 fn sample() -> Cached {

@@ -17,10 +17,12 @@ use crate::{
 };
 
 mod cache;
+mod network;
 mod platform;
 mod storage;
 mod tracing;
 
+pub use network::Network;
 pub use platform::{Mode, Platform, SageMakerSettings, VertexSettings};
 pub use storage::Storage;
 
@@ -55,12 +57,14 @@ struct ServeArgs {
     storage: storage::StorageArgs,
     #[command(flatten)]
     cache: cache::CacheArgs,
+    #[command(flatten)]
+    network: network::NetworkArgs,
     /// HTTP port for KServe v2 (0 = any free port).
     #[arg(long, env = "FERRY_HTTP_PORT", default_value_t = 8000)]
     http_port: u16,
     #[arg(long, env = "FERRY_HTTP_ADDRESS", default_value = "0.0.0.0")]
     http_address: IpAddr,
-    /// gRPC port (reserved: the gRPC front-end is not part of this build yet).
+    /// gRPC port for KServe v2 (0 = any free port).
     #[arg(long, env = "FERRY_GRPC_PORT", default_value_t = 8001)]
     grpc_port: u16,
     /// Prometheus metrics port.
@@ -204,6 +208,8 @@ pub struct Config {
     /// RUST_LOG, when set: a tracing filter that overrides --log-verbose.
     pub log_filter: Option<String>,
     pub http_max_input_size: usize,
+    /// Connections, timeouts, gRPC limits, the admission budget, the drain deadline.
+    pub network: Network,
     /// Said in 413 replies: the platform's own limit.
     pub size_note: String,
     pub onnxruntime_library: Option<PathBuf>,
@@ -293,6 +299,7 @@ impl Config {
             trace,
             log_filter: std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty()),
             http_max_input_size: platform.max_input_size,
+            network: a.network.resolve(platform.max_input_size).map_err(invalid)?,
             size_note: platform.size_note.clone(),
             onnxruntime_library: a
                 .onnxruntime_library

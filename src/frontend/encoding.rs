@@ -32,7 +32,10 @@ pub async fn read_body(body: Body, declared: Option<usize>, limit: usize) -> Res
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(0));
     let mut first: Option<Bytes> = None;
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| Error::invalid(format!("failed to read the request body: {e}")))?;
+        let frame = frame.map_err(|e| {
+            super::guard::guard_error(&e)
+                .unwrap_or_else(|| Error::invalid(format!("failed to read the request body: {e}")))
+        })?;
         let Ok(chunk) = frame.into_data() else {
             continue;
         };

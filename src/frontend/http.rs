@@ -64,7 +64,11 @@ pub fn routes(state: Arc<HttpState>) -> Router {
 
 pub fn error_response(e: &Error) -> Response {
     let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, axum::Json(json!({ "error": e.message() }))).into_response()
+    let mut r = (status, axum::Json(json!({ "error": e.message() }))).into_response();
+    if e.kind() == crate::error::ErrorKind::Overloaded {
+        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    r
 }
 
 fn json_response(status: StatusCode, value: &Value) -> Response {

@@ -13,6 +13,7 @@ use prometheus::{
 };
 
 use crate::{
+    admission::{Admission, AdmissionCounts},
     cache::{CacheCounts, ResponseCache},
     error::Origin,
     model::ModelVersion,
@@ -87,6 +88,7 @@ pub struct Metrics {
     sampler: Mutex<host::Sampler>,
     reading: Mutex<host::HostReading>,
     cache: Option<Arc<ResponseCache>>,
+    admission: Arc<Admission>,
 }
 
 type Labels = Vec<(String, String)>;
@@ -230,6 +232,25 @@ fn cache_families(f: &mut Families, c: &CacheCounts) {
     );
 }
 
+/// The admission budget: what is held, the bound, and what was refused.
+fn admission_families(f: &mut Families, a: &AdmissionCounts) {
+    let none = Labels::new();
+    f.gauge("ferry_inflight_request_bytes", "Bytes of requests being served (admission control)", &none, a.used as f64);
+    f.gauge(
+        "ferry_inflight_request_budget_bytes",
+        "Most bytes of requests served at once (--max-inflight-request-bytes)",
+        &none,
+        a.budget as f64,
+    );
+    f.gauge("ferry_inflight_requests", "Requests being served, streams included", &none, a.live as f64);
+    f.counter(
+        "ferry_admission_rejected_total",
+        "Requests refused because the in-flight byte budget was spent (503 / RESOURCE_EXHAUSTED)",
+        &none,
+        a.rejected as f64,
+    );
+}
+
 fn labels(m: &ModelVersion) -> Labels {
     let mut l = vec![("model".to_string(), m.name.clone()), ("version".to_string(), m.version.to_string())];
     l.extend(m.config.metric_tags.iter().map(|(k, v)| (format!("_{k}"), v.clone())));
@@ -241,9 +262,15 @@ fn us(t: &Tally) -> f64 {
 }
 
 impl Metrics {
-    pub fn new(settings: MetricsSettings, registry: Arc<Registry>, cache: Option<Arc<ResponseCache>>) -> Arc<Self> {
+    pub fn new(
+        settings: MetricsSettings,
+        registry: Arc<Registry>,
+        cache: Option<Arc<ResponseCache>>,
+        admission: Arc<Admission>,
+    ) -> Arc<Self> {
         let sampler = host::Sampler::new(settings.cpu, settings.gpu);
-        Arc::new(Metrics { settings, registry, sampler: Mutex::new(sampler), reading: Mutex::default(), cache })
+        let reading = Mutex::default();
+        Arc::new(Metrics { settings, registry, sampler: Mutex::new(sampler), reading, cache, admission })
     }
 
     pub fn settings(&self) -> &MetricsSettings {
@@ -286,6 +313,7 @@ impl Metrics {
         if let Some(c) = &self.cache {
             cache_families(&mut f, &c.counts());
         }
+        admission_families(&mut f, &self.admission.counts());
         f.into_text()
     }
 

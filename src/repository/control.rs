@@ -136,22 +136,22 @@ impl ModelRepository {
             }
             found.into_iter().filter(|f| load_models.contains(&f.name)).collect()
         };
+        // A JoinSet: when start-up is abandoned (a stop signal), dropping it cancels the loads
+        // and downloads in progress.
         let limit = Arc::new(tokio::sync::Semaphore::new(4));
-        let tasks: Vec<_> = wanted
-            .into_iter()
-            .map(|f| {
-                let (repo, limit) = (Arc::clone(self), Arc::clone(&limit));
-                tokio::spawn(async move {
-                    let _permit = limit.acquire().await;
-                    let plan = repo.sources.plan(&f, None).await;
-                    say_held(&f.name, &plan);
-                    repo.remember(&f, &plan);
-                    repo.load_plan(&f.name, &plan).await
-                })
-            })
-            .collect();
-        for task in tasks {
-            match task.await {
+        let mut tasks = tokio::task::JoinSet::new();
+        for f in wanted {
+            let (repo, limit) = (Arc::clone(self), Arc::clone(&limit));
+            tasks.spawn(async move {
+                let _permit = limit.acquire().await;
+                let plan = repo.sources.plan(&f, None).await;
+                say_held(&f.name, &plan);
+                repo.remember(&f, &plan);
+                repo.load_plan(&f.name, &plan).await
+            });
+        }
+        while let Some(task) = tasks.join_next().await {
+            match task {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => failures.push(e.to_string()),
                 Err(e) => failures.push(format!("a model load task failed: {e}")),
@@ -246,11 +246,22 @@ impl ModelRepository {
     }
 
     /// Loads or reloads a model; the versions it replaces serve until the new ones are ready.
+    /// A load that fails leaves strict readiness as it was: a model that did not serve before
+    /// does not make the server unready.
     pub async fn load(&self, name: &str, req: LoadRequest) -> Result<()> {
         self.check_explicit()?;
         check_name(name)?;
         let lock = self.lock_for(name);
         let _guard = lock.lock().await;
+        let counted = self.loader.registry().counts_for_readiness(name);
+        let result = self.load_locked(name, req).await;
+        if result.is_err() && !counted {
+            self.loader.registry().excuse_if_not_serving(name);
+        }
+        result
+    }
+
+    async fn load_locked(&self, name: &str, req: LoadRequest) -> Result<()> {
         let config = match &req.config {
             Some(json) => {
                 Some(pbtxt::from_json(json).map_err(|e| Error::invalid(format!("Invalid config override: {e}")))?)

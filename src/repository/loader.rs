@@ -28,6 +28,8 @@ pub struct LoadOptions {
     pub recent_stats: bool,
     /// Keep a request-duration histogram per version, with these bucket bounds (ms).
     pub histogram: Option<Vec<f64>>,
+    /// Digest the content of versions the response cache serves (the server has a cache).
+    pub content_digests: bool,
 }
 
 pub struct Loader {
@@ -237,5 +239,54 @@ fn load_version(
     };
     let ctx = ModelContext { name: name.to_string(), version, schema: Arc::clone(&schema), stats: Arc::clone(&stats) };
     let scheduler = Scheduler::start(ctx, policy, instances).map_err(|e| e.to_string())?;
-    Ok(ModelVersion { name: name.to_string(), version, config: Arc::clone(&p.config), schema, scheduler, stats })
+    let caches = options.content_digests && p.config.response_cache.as_ref().is_some_and(|c| c.enable);
+    let content =
+        if caches { content_digest(&p.config, &p.labels, &dir.join(version.to_string()))? } else { String::new() };
+    Ok(ModelVersion {
+        name: name.to_string(),
+        version,
+        config: Arc::clone(&p.config),
+        schema,
+        scheduler,
+        stats,
+        content,
+    })
+}
+
+/// SHA-256 over the effective config, the label files, and every file of the version folder
+/// (relative path, size, content): what the version's outputs depend on. Symbolic links to
+/// folders are not followed, so a cycle cannot hang the load.
+fn content_digest(config: &ModelConfig, labels: &[Vec<String>], version_dir: &Path) -> Result<String, String> {
+    use sha2::{Digest, Sha256};
+    fn walk(base: &Path, dir: &Path, depth: usize, out: &mut Vec<PathBuf>) -> Result<(), String> {
+        if depth > 32 {
+            return Err(format!("'{}' is nested more than 32 folders deep", dir.display()));
+        }
+        let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot list '{}': {e}", dir.display()))?;
+        for e in entries.flatten() {
+            let kind = e.file_type().map_err(|e| e.to_string())?;
+            if kind.is_dir() {
+                walk(base, &e.path(), depth + 1, out)?;
+            } else if e.path().is_file() {
+                out.push(e.path().strip_prefix(base).map_err(|e| e.to_string())?.to_path_buf());
+            }
+        }
+        Ok(())
+    }
+    let mut h = Sha256::new();
+    h.update(prost::Message::encode_to_vec(config));
+    for l in labels {
+        h.update(l.join("\n").as_bytes());
+        h.update([0]);
+    }
+    let mut files = Vec::new();
+    walk(version_dir, version_dir, 0, &mut files)?;
+    files.sort();
+    for rel in files {
+        let sum = crate::repository::storage::sha256_file(&version_dir.join(&rel))?;
+        h.update(rel.to_string_lossy().as_bytes());
+        h.update([0]);
+        h.update(sum.as_bytes());
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }

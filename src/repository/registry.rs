@@ -240,6 +240,21 @@ impl Registry {
             .collect()
     }
 
+    /// Whether strict readiness waits for this model now.
+    pub fn counts_for_readiness(&self, name: &str) -> bool {
+        self.read().get(name).is_some_and(|e| !e.unloaded)
+    }
+
+    /// A model none of whose versions serve is left out of strict readiness (a failed load
+    /// through the repository API: the server was not asked to serve it until a load succeeds).
+    pub fn excuse_if_not_serving(&self, name: &str) {
+        if let Some(e) = self.write().get_mut(name)
+            && !e.versions.values().any(|s| s.serving.is_some())
+        {
+            e.unloaded = true;
+        }
+    }
+
     /// Records a model name that exists in a repository but is not loaded.
     pub fn know(&self, name: &str) {
         self.write().entry(name.to_string()).or_insert_with(|| Entry { unloaded: true, ..Default::default() });

@@ -143,3 +143,248 @@ def test_shared_memory_keys_and_shrunk_regions(protocol):
         finally:
             client.unregister_system_shared_memory()
             shm.destroy_shared_memory_region(handle)
+
+
+def test_grpc_message_and_inflated_sizes_are_bounded():
+    """A gRPC message over --grpc-max-input-size, or one that inflates past it, is refused with
+    RESOURCE_EXHAUSTED before it is held whole; the server goes on serving."""
+    import numpy as np
+    from conftest import EXAMPLES
+
+    with Server(["--model-repository", EXAMPLES, "--grpc-max-input-size=65536"]) as s:
+        client = s.grpc_client()
+        big = np.zeros((1, 16), dtype=np.int32)
+        ok = [grpcclient.InferInput(n, [1, 16], "INT32").set_data_from_numpy(big) for n in ("INPUT0", "INPUT1")]
+        assert client.infer("simple", ok).as_numpy("OUTPUT0").shape == (1, 16)
+        huge = np.zeros((1, 40000), dtype=np.int32)  # 160 kB of zeros: a few hundred bytes gzipped
+        over = [grpcclient.InferInput(n, [1, 40000], "INT32").set_data_from_numpy(huge) for n in ("INPUT0", "INPUT1")]
+        for compression in (None, "gzip", "deflate"):
+            with pytest.raises(InferenceServerException) as err:
+                client.infer("simple", over, compression_algorithm=compression)
+            # tonic says OUT_OF_RANGE for a message declared too long, RESOURCE_EXHAUSTED for one
+            # that inflates past the limit.
+            assert err.value.status() in ("StatusCode.RESOURCE_EXHAUSTED", "StatusCode.OUT_OF_RANGE"), err.value
+            assert "65536" in err.value.message(), err.value.message()
+        assert client.infer("simple", ok).as_numpy("OUTPUT0").shape == (1, 16)
+
+
+def test_a_stream_has_a_bounded_number_of_requests_in_flight():
+    """With --grpc-stream-max-inflight=1 the stream reads one message at a time: replies come
+    back in the order sent, each one complete."""
+    import queue
+
+    import numpy as np
+    from conftest import EXAMPLES
+
+    with Server(["--model-repository", EXAMPLES, "--grpc-stream-max-inflight=1"]) as s:
+        client = s.grpc_client()
+        got = queue.Queue()
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        for k in range(20):
+            a = np.full((1, 16), k, dtype=np.int32)
+            ins = [grpcclient.InferInput(n, [1, 16], "INT32").set_data_from_numpy(a) for n in ("INPUT0", "INPUT1")]
+            client.async_stream_infer("simple", ins, request_id=str(k))
+        ids = []
+        for _ in range(20):
+            result, error = got.get(timeout=30)
+            assert error is None, error
+            ids.append(result.get_response().id)
+            k = int(ids[-1])
+            assert (result.as_numpy("OUTPUT0") == 2 * k).all()
+        client.stop_stream()
+        assert ids == [str(k) for k in range(20)]
+
+
+def test_admission_budget_refuses_with_retry_after(fresh_repo):
+    """Past --max-inflight-request-bytes a request is refused with 503 and Retry-After (HTTP) or
+    RESOURCE_EXHAUSTED (gRPC), counted in a metric; smaller ones are served."""
+    import numpy as np
+    from conftest import EXAMPLES
+    from test_metrics import parse, value
+
+    with Server(["--model-repository", EXAMPLES, "--max-inflight-request-bytes=4096"]) as s:
+        small = json.dumps({"inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))}]})
+        assert raw(s, "POST", "/v2/models/simple/infer", small)[0] == 200
+        big = small + " " * 8192
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        conn.request("POST", "/v2/models/simple/infer", body=big)
+        r = conn.getresponse()
+        text = r.read().decode()
+        assert r.status == 503 and r.getheader("Retry-After") == "1", (r.status, text)
+        assert "--max-inflight-request-bytes" in json.loads(text)["error"]
+        conn.close()
+        a = np.zeros((1, 16), dtype=np.int32)
+        client = s.grpc_client()
+        ok = [grpcclient.InferInput(n, [1, 16], "INT32").set_data_from_numpy(a) for n in ("INPUT0", "INPUT1")]
+        client.infer("simple", ok)
+        bigger = np.zeros((1, 2048), dtype=np.int32)
+        over = [grpcclient.InferInput(n, [1, 2048], "INT32").set_data_from_numpy(bigger) for n in ("INPUT0", "INPUT1")]
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("simple", over)
+        assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED"
+        m, _ = parse(s.metrics())
+        assert value(m, "ferry_admission_rejected_total") == 2
+        assert value(m, "ferry_inflight_request_budget_bytes") == 4096
+        assert raw(s, "POST", "/v2/models/simple/infer", small)[0] == 200, "the budget is given back"
+
+
+def test_a_failed_load_of_an_invented_name_keeps_the_server_ready(explicit):
+    for name in ("junk", "other"):
+        body = json.dumps({"parameters": {"config": "{}", "file:1/model.onnx": base64.b64encode(b"nope").decode()}})
+        status, text = raw(explicit, "POST", f"/v2/repository/models/{name}/load", body)
+        assert status == 400, text
+    status, text = raw(explicit, "POST", "/v2/repository/models/ghost/load", "{}")
+    assert status == 400, text
+    assert explicit.status("/v2/health/ready") == 200
+    index = {m["name"]: m for m in explicit.client().get_model_repository_index()}
+    assert index["junk"]["state"] == "UNAVAILABLE", "the failure is still reported"
+
+
+def test_an_overwritten_version_is_not_served_from_the_cache(fresh_repo, tmp_path):
+    """Poll mode reloads a version whose file changed in place; the cache must not answer with
+    the old version's outputs (the key carries the version's content digest)."""
+    import numpy as np
+    import test_cache
+
+    test_cache.add_mul(fresh_repo, "cached")
+    other = str(tmp_path / "other")
+    models.add_mul(other, "cached", versions=(5,))  # y = a + b + 4
+    args = ["--model-repository", fresh_repo, "--model-control-mode=poll", "--repository-poll-secs=1",
+            *test_cache.LOCAL]
+    with Server(args) as s:
+        client = s.client()
+        one = test_cache.inputs(httpclient_lib(), [1, 1, 1, 1])
+        assert client.infer("cached", one).as_numpy("y")[0, 0] == 2.0
+        assert client.infer("cached", one).as_numpy("y")[0, 0] == 2.0  # a hit
+        os.replace(os.path.join(other, "cached", "5", "model.onnx"), os.path.join(fresh_repo, "cached", "1", "model.onnx"))
+        assert s.wait_log("poll: loading the model's new or changed files", timeout=30)
+        import time
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            y = client.infer("cached", one).as_numpy("y")[0, 0]
+            if y == 6.0:
+                break
+            time.sleep(0.2)
+        assert y == 6.0, "the reloaded version's outputs, not the cached ones"
+
+
+def httpclient_lib():
+    import tritonclient.http as httpclient
+    return httpclient
+
+
+def test_sigterm_during_start_up_is_honoured(fresh_repo):
+    """The stop signal is handled from the first instant: a SIGTERM while models load ends the
+    process cleanly (exit 0) instead of being dropped."""
+    import signal
+    import time
+
+    from platforms import slow_model
+
+    slow_model(fresh_repo, seconds_of_warmup=100000)
+    s = Server(["--model-repository", fresh_repo, "--exit-timeout-secs=5"], wait_ready=False)
+    try:
+        assert s.wait_log("loading", timeout=10) or True
+        time.sleep(0.5)
+        assert "ferry is serving" not in s.log(), "still loading when the signal comes"
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.wait_exit(timeout=20) == 0, s.log()
+        assert "stop signal during start-up" in s.log()
+    finally:
+        s.stop()
+
+
+def test_sigterm_before_anything_else_is_not_lost(fresh_repo):
+    """A signal sent the moment the process starts (ferry as PID 1 in a container) stops it."""
+    import signal
+    import subprocess
+
+    from ferry_server import BINARY
+
+    models.add_mul(fresh_repo, "m")
+    p = subprocess.Popen([BINARY, "serve", "--model-repository", fresh_repo, "--http-port=0", "--grpc-port=0",
+                          "--metrics-port=0"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p.send_signal(signal.SIGTERM)
+    # Before the handler is installed the default action ends the process by the signal; after,
+    # ferry stops itself with 0. Either way it is gone: nothing waits for a SIGKILL.
+    assert p.wait(timeout=20) in (0, -signal.SIGTERM)
+
+
+def test_slow_clients_are_cut_off():
+    """A client that stops half-way through its headers or its body does not hold a connection
+    (or the server's exit) forever; past --max-connections new connections are closed."""
+    import socket
+    import time
+
+    from conftest import EXAMPLES
+
+    args = ["--model-repository", EXAMPLES, "--http-header-timeout-secs=1", "--http-body-timeout-secs=1",
+            "--max-connections=4"]
+    with Server(args) as s:
+        body = json.dumps({"inputs": []}).encode()
+        half = socket.create_connection(("127.0.0.1", s.port))
+        half.sendall(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % 10000 + body)
+        half.settimeout(10)
+        reply = half.recv(4096).decode()
+        assert reply.startswith("HTTP/1.1 408"), reply
+        assert "--http-body-timeout-secs" in reply
+        half.close()
+        slow = socket.create_connection(("127.0.0.1", s.port))
+        slow.sendall(b"GET /v2/health/ready HTTP/1.1\r\nHo")
+        slow.settimeout(10)
+        started = time.time()
+        assert slow.recv(4096) == b"", "the connection is closed"
+        assert time.time() - started < 9
+        slow.close()
+        held = [socket.create_connection(("127.0.0.1", s.port)) for _ in range(4)]
+        for c in held:
+            c.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert c.recv(4096).startswith(b"HTTP/1.1 200")
+        extra = socket.create_connection(("127.0.0.1", s.port))
+        extra.settimeout(10)
+        extra.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            assert extra.recv(4096) == b"", "over the cap: closed without a reply"
+        except ConnectionResetError:
+            pass
+        for c in held:
+            c.close()
+        time.sleep(0.3)
+        assert s.status("/v2/health/live") == 200, "slots free again once clients leave"
+        assert "connection limit reached" in s.log()
+
+
+def test_sigterm_drains_admitted_requests_and_refuses_new_ones():
+    """On SIGTERM: not ready at once, a request already admitted completes, new requests get 503,
+    and the process exits 0 before the deadline even with a client stuck mid-body."""
+    import signal
+    import socket
+    import time
+
+    from conftest import EXAMPLES
+
+    with Server(["--model-repository", EXAMPLES, "--exit-timeout-secs=10", "--http-body-timeout-secs=60"]) as s:
+        body = json.dumps({"inputs": [
+            {"name": "INPUT0", "shape": [1, 16], "datatype": "INT32", "data": list(range(16))},
+            {"name": "INPUT1", "shape": [1, 16], "datatype": "INT32", "data": [1] * 16}]}).encode()
+        admitted = socket.create_connection(("127.0.0.1", s.port))
+        admitted.sendall(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+                         + body[:10])
+        stuck = socket.create_connection(("127.0.0.1", s.port))
+        stuck.sendall(b"POST /v2/models/simple/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        time.sleep(0.3)
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert s.status("/v2/health/ready") != 200
+        status, text = raw(s, "POST", "/v2/models/simple/infer", body)
+        assert status == 503 and "exiting" in text.lower(), (status, text)
+        admitted.sendall(body[10:])
+        admitted.settimeout(10)
+        reply = admitted.recv(65536).decode()
+        assert reply.startswith("HTTP/1.1 200"), reply
+        assert s.wait_exit(timeout=30) == 0
+        assert "exit deadline reached" in s.log(), "the stuck client was cut at the deadline"
+        admitted.close()
+        stuck.close()

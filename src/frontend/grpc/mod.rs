@@ -7,7 +7,11 @@ use tokio::sync::mpsc;
 use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tonic::{Code, Request, Response, Status, Streaming, codec::CompressionEncoding};
 
+use prost::Message;
+
+use super::guard::RequestTicket;
 use crate::{
+    config::Network,
     engine::Engine,
     error::Error,
     proto::{
@@ -29,14 +33,20 @@ type Reply<T> = Result<Response<T>, Status>;
 #[derive(Clone)]
 pub struct Grpc {
     engine: Arc<Engine>,
+    /// Requests of one ModelStreamInfer stream in flight at once.
+    stream_inflight: usize,
 }
 
-/// The inference and health services, with Triton's message size limits (2 GiB, not tonic's
-/// 4 MiB) and gzip/deflate requests accepted.
-pub fn services(engine: Arc<Engine>) -> (service::GrpcInferenceServiceServer<Grpc>, health_server::HealthServer<Grpc>) {
-    let grpc = Grpc { engine };
+/// The inference and health services: requests up to --grpc-max-input-size (also once
+/// inflated: tonic counts decompressed bytes against the same limit), replies up to Triton's
+/// 2 GiB, gzip/deflate requests accepted.
+pub fn services(
+    engine: Arc<Engine>,
+    limits: &Network,
+) -> (service::GrpcInferenceServiceServer<Grpc>, health_server::HealthServer<Grpc>) {
+    let grpc = Grpc { engine, stream_inflight: limits.grpc_stream_max_inflight };
     let inference = service::GrpcInferenceServiceServer::new(grpc.clone())
-        .max_decoding_message_size(i32::MAX as usize)
+        .max_decoding_message_size(limits.grpc_max_input_size)
         .max_encoding_message_size(i32::MAX as usize)
         .accept_compressed(CompressionEncoding::Gzip)
         .accept_compressed(CompressionEncoding::Deflate);
@@ -57,12 +67,7 @@ impl Grpc {
         req: pb::ModelInferRequest,
         trace: Option<String>,
     ) -> Result<pb::ModelStreamInferResponse, (Error, pb::ModelInferResponse)> {
-        let failed = pb::ModelInferResponse {
-            id: req.id.clone(),
-            model_name: req.model_name.clone(),
-            model_version: req.model_version.clone(),
-            ..Default::default()
-        };
+        let failed = failed_reply(&req);
         match self.infer(req, trace).await {
             Ok(mut resp) => {
                 let (k, v) = convert::final_flag();
@@ -71,6 +76,16 @@ impl Grpc {
             }
             Err(e) => Err((e, failed)),
         }
+    }
+}
+
+/// What identifies a request in its error reply on a stream.
+fn failed_reply(req: &pb::ModelInferRequest) -> pb::ModelInferResponse {
+    pb::ModelInferResponse {
+        id: req.id.clone(),
+        model_name: req.model_name.clone(),
+        model_version: req.model_version.clone(),
+        ..Default::default()
     }
 }
 
@@ -138,22 +153,49 @@ impl service::GrpcInferenceService for Grpc {
 
     type ModelStreamInferStream = InferStream;
 
-    /// Many requests in flight on one stream; each gets one reply, in completion order.
+    /// Many requests in flight on one stream (at most --grpc-stream-max-inflight: the next
+    /// message is read only when one finishes); each gets one reply, in completion order.
     async fn model_stream_infer(&self, r: Request<Streaming<pb::ModelInferRequest>>) -> Reply<InferStream> {
         let trace = traceparent(&r);
         let grpc_errors =
             r.metadata().get("triton_grpc_error").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
+        let stream_ticket = r.extensions().get::<RequestTicket>().map(|t| Arc::clone(&t.0));
         let mut inbound = r.into_inner();
-        let (tx, rx) = mpsc::channel::<Result<pb::ModelStreamInferResponse, Status>>(1024);
+        let (tx, rx) = mpsc::channel::<Result<pb::ModelStreamInferResponse, Status>>(self.stream_inflight);
+        let slots = Arc::new(tokio::sync::Semaphore::new(self.stream_inflight));
         let this = self.clone();
         tokio::spawn(async move {
-            while let Some(next) = inbound.next().await {
-                let Ok(req) = next else { break };
+            loop {
+                let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { break };
+                let next = tokio::select! {
+                    next = inbound.next() => next,
+                    () = tx.closed() => break,
+                };
+                let req = match next {
+                    None => break,
+                    Some(Ok(req)) => req,
+                    Some(Err(status)) => {
+                        let _ = tx.send(Err(status)).await;
+                        break;
+                    }
+                };
+                // The message's bytes move from the stream's ticket to a ticket of its own,
+                // given back when its reply is made.
+                if let Some(t) = &stream_ticket {
+                    t.release();
+                }
+                let ticket = this.engine.admission().admit(req.encoded_len() as u64);
+                let late = this.engine.admission().closed();
                 let (this, tx, trace) = (this.clone(), tx.clone(), trace.clone());
-                tokio::spawn(async move {
+                tokio::spawn(crate::admission::scope(late, async move {
+                    let _slot = slot;
+                    let outcome = match ticket {
+                        Ok(_ticket) => this.stream_reply(req, trace).await,
+                        Err(e) => Err((e, failed_reply(&req))),
+                    };
                     // Errors travel in-band and the stream goes on, unless the client asked
                     // (triton_grpc_error) for the first one to end the stream with its status.
-                    let item = match this.stream_reply(req, trace).await {
+                    let item = match outcome {
                         Ok(resp) => Ok(resp),
                         Err((e, _)) if grpc_errors => Err(status(e)),
                         Err((e, failed)) => Ok(pb::ModelStreamInferResponse {
@@ -162,7 +204,7 @@ impl service::GrpcInferenceService for Grpc {
                         }),
                     };
                     let _ = tx.send(item).await;
-                });
+                }));
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx)) as InferStream))
