@@ -1,8 +1,10 @@
 //! The queue of one model version: a FIFO per priority level, Triton's queue policy per level
 //! (maximum size, default timeout, per-request timeout override, REJECT or DELAY on expiry), and
-//! the order in which requests are offered to the batcher.
+//! the order in which requests are offered to the batcher. The lock is shared with the async
+//! side that submits, so no operation under it scans the whole queue: deadlines sit in an
+//! ordered index, and cancelled requests are looked for near the front only.
 use std::{
-    collections::VecDeque,
+    collections::{BTreeSet, VecDeque},
     time::{Duration, Instant},
 };
 
@@ -111,18 +113,24 @@ impl Level {
     }
 }
 
+/// How many requests from the front are checked for a caller that went away, per sweep.
+const CANCEL_WINDOW: usize = 1024;
+
 pub(super) struct Queue {
     policy: QueuePolicy,
     levels: Vec<Level>,
     next_seq: u64,
+    /// (deadline, seq, level) of every fresh request that has one.
+    deadlines: BTreeSet<(Instant, u64, usize)>,
     pub stopping: bool,
 }
 
 impl Queue {
     pub fn new(policy: QueuePolicy) -> Self {
         let levels = policy.levels.iter().map(|_| Level::default()).collect();
-        Queue { policy, levels, next_seq: 0, stopping: false }
+        Queue { policy, levels, next_seq: 0, deadlines: BTreeSet::new(), stopping: false }
     }
+
 
     pub fn is_empty(&self) -> bool {
         self.levels.iter().all(|l| l.len() == 0)
@@ -153,40 +161,53 @@ impl Queue {
         let seq = self.next_seq;
         self.next_seq += 1;
         let queue_span = otel::queue_span(&req.span);
+        if let Some(d) = deadline {
+            self.deadlines.insert((d, seq, level));
+        }
         self.levels[level].fresh.push_back(Job { req, enqueued: now, seq, deadline, reply, queue_span });
         Ok(())
     }
 
-    /// Removes what must not run: requests whose caller went away, and expired ones under REJECT
-    /// (those under DELAY move behind their level's fresh requests). Returns the removed ones with
-    /// the error to answer them with.
+    /// Removes what must not run: expired requests under REJECT (those under DELAY move behind
+    /// their level's fresh requests), and requests near the front whose caller went away (deeper
+    /// ones are found when they get there). Returns the removed ones with the error to answer
+    /// them with. Costs O(expired · log n + CANCEL_WINDOW), whatever the queue's length.
     pub fn sweep(&mut self, now: Instant) -> Vec<(Job, Error)> {
         let mut out = Vec::new();
-        // Called before every batch: the common case (nothing to remove) must not allocate.
-        let due = |j: &Job| j.reply.is_closed() || j.deadline.is_some_and(|d| d <= now);
-        if !self.levels.iter().any(|l| l.fresh.iter().any(due) || l.delayed.iter().any(|j| j.reply.is_closed())) {
-            return out;
+        while let Some(&(at, seq, level)) = self.deadlines.first()
+            && at <= now
+        {
+            self.deadlines.pop_first();
+            let fresh = &mut self.levels[level].fresh;
+            // Fresh requests stay in arrival (seq) order.
+            let Ok(i) = fresh.binary_search_by_key(&seq, |j| j.seq) else { continue };
+            let Some(mut job) = fresh.remove(i) else { continue };
+            if self.policy.levels[level].reject {
+                out.push((job, Error::unavailable("Request timeout expired").with_origin(Origin::Rejected)));
+            } else {
+                job.deadline = None;
+                self.levels[level].delayed.push_back(job);
+            }
         }
-        for (level, policy) in self.levels.iter_mut().zip(&self.policy.levels) {
-            let mut keep = VecDeque::with_capacity(level.fresh.len());
-            for mut job in level.fresh.drain(..) {
-                if job.reply.is_closed() {
-                    out.push((job, cancelled()));
-                } else if job.deadline.is_some_and(|d| d <= now) {
-                    if policy.reject {
-                        out.push((job, Error::unavailable("Request timeout expired").with_origin(Origin::Rejected)));
-                    } else {
-                        job.deadline = None;
-                        level.delayed.push_back(job);
+        let mut budget = CANCEL_WINDOW;
+        for (li, level) in self.levels.iter_mut().enumerate() {
+            for q in [&mut level.fresh, &mut level.delayed] {
+                let mut end = budget.min(q.len());
+                budget -= end;
+                let mut i = 0;
+                while i < end {
+                    if !q[i].reply.is_closed() {
+                        i += 1;
+                        continue;
                     }
-                } else {
-                    keep.push_back(job);
+                    let Some(job) = q.remove(i) else { break };
+                    if let Some(d) = job.deadline {
+                        self.deadlines.remove(&(d, job.seq, li));
+                    }
+                    out.push((job, cancelled()));
+                    end -= 1;
                 }
             }
-            level.fresh = keep;
-            let (gone, delayed): (Vec<Job>, Vec<Job>) = level.delayed.drain(..).partition(|j| j.reply.is_closed());
-            level.delayed = delayed.into();
-            out.extend(gone.into_iter().map(|j| (j, cancelled())));
         }
         out
     }
@@ -199,10 +220,15 @@ impl Queue {
     /// Takes the first `n` requests in `iter` order.
     pub fn take(&mut self, mut n: usize) -> Vec<Job> {
         let mut out = Vec::with_capacity(n);
-        for level in &mut self.levels {
+        for (li, level) in self.levels.iter_mut().enumerate() {
             for q in [&mut level.fresh, &mut level.delayed] {
                 let k = n.min(q.len());
-                out.extend(q.drain(..k));
+                for job in q.drain(..k) {
+                    if let Some(d) = job.deadline {
+                        self.deadlines.remove(&(d, job.seq, li));
+                    }
+                    out.push(job);
+                }
                 n -= k;
             }
         }
@@ -211,7 +237,7 @@ impl Queue {
 
     /// The earliest instant a queued request expires.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.levels.iter().flat_map(|l| l.fresh.iter().filter_map(|j| j.deadline)).min()
+        self.deadlines.first().map(|&(at, _, _)| at)
     }
 }
 

@@ -116,3 +116,33 @@ fn abandoned_requests_are_swept() {
     assert_eq!(gone.len(), 1);
     assert_eq!(q.iter().count(), 1);
 }
+
+#[test]
+fn sweeping_a_long_queue_touches_the_expired_and_the_front_only() {
+    let now = Instant::now();
+    let mut q = Queue::new(policy(
+        0,
+        0,
+        ModelQueuePolicy { allow_timeout_override: true, default_timeout_microseconds: 0, ..Default::default() },
+    ));
+    let mut replies = Vec::new();
+    for i in 0..20_000u64 {
+        // Every 1000th request has a 1 ms deadline; the others none.
+        let timeout = (i % 1000 == 999).then_some(1000);
+        replies.push(push(&mut q, 0, timeout, now).unwrap());
+    }
+    assert_eq!(q.next_deadline(), Some(now + Duration::from_millis(1)));
+    // The callers of a request at the front and one far back go away.
+    drop(replies.remove(0));
+    drop(replies.remove(15_000));
+    let swept = q.sweep(now + Duration::from_millis(2));
+    let expired = swept.iter().filter(|(_, e)| e.message() == "Request timeout expired").count();
+    let cancelled = swept.iter().filter(|(_, e)| e.message() == "request cancelled").count();
+    assert_eq!((expired, cancelled), (20, 1), "the deep cancelled one waits until it nears the front");
+    assert_eq!(q.iter().count(), 20_000 - 21);
+    assert_eq!(q.next_deadline(), None);
+    let taken = q.take(14_000);
+    assert_eq!(taken.len(), 14_000);
+    let swept = q.sweep(now + Duration::from_millis(3));
+    assert_eq!(swept.len(), 1, "now near the front, the cancelled request is found");
+}
