@@ -44,6 +44,17 @@ impl Schema {
         Ok(Schema { max_batch_size: usize::try_from(config.max_batch_size).unwrap_or(0), inputs, outputs })
     }
 
+    /// Tensors the model holds as scalars where the config says `dims: [1]`: the model sees
+    /// them reshaped to `[]` per item, and clients keep seeing `[1]`.
+    pub fn with_scalars(mut self, inputs: &[String], outputs: &[String]) -> Schema {
+        for (specs, names) in [(&mut self.inputs, inputs), (&mut self.outputs, outputs)] {
+            for spec in specs.iter_mut().filter(|s| names.contains(&s.name)) {
+                spec.reshape = Some(Vec::new());
+            }
+        }
+        self
+    }
+
     pub fn batching(&self) -> bool {
         self.max_batch_size > 0
     }

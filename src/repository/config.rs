@@ -189,7 +189,7 @@ pub fn normalize(cfg: &mut ModelConfig) {
 }
 
 mod checks;
-pub use checks::{MAX_INSTANCES, MAX_WARMUP_BYTES, MAX_WARMUP_RUNS, check_against_model, validate};
+pub use checks::{MAX_INSTANCES, MAX_WARMUP_BYTES, MAX_WARMUP_RUNS, Scalars, check_against_model, validate};
 
 #[cfg(test)]
 mod tests;

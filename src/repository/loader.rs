@@ -195,38 +195,29 @@ fn load_version(
     if p.backend.name() == "onnxruntime" && !path.exists() {
         return Err(format!("model file '{}' does not exist", path.display()));
     }
-    let warmup = Samples::build(&p.config, dir)?;
     let outputs: Vec<&str> = p.config.output.iter().map(|o| o.name.as_str()).collect();
-    // As Triton: a KIND_GPU group puts `count` instances on each GPU it lists (GPU 0 when it
-    // lists none); every other kind runs on the CPU.
-    let devices: Vec<Device> = p
-        .config
-        .instance_group
-        .iter()
-        .flat_map(|group| {
-            let devices = if group.kind == crate::proto::inference::model_instance_group::Kind::Gpu as i32 {
-                let gpus = if group.gpus.is_empty() { vec![0] } else { group.gpus.clone() };
-                gpus.into_iter().map(Device::Gpu).collect()
-            } else {
-                vec![Device::Cpu]
-            };
-            devices.into_iter().flat_map(move |d| std::iter::repeat_n(d, group.count.max(0) as usize))
-        })
-        .collect();
+    let devices = devices(&p.config);
     let threads = (cores / devices.len().max(1)).max(1);
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(devices.len());
+    let mut scalars = config::Scalars::default();
+    let mut warmup: Option<Samples> = None;
     for device in devices {
         let spec = InstanceSpec { model_path: &path, config: &p.config, device, intra_op_threads: threads };
         let mut instance = p.backend.load(&spec).map_err(|e| e.to_string())?;
         if instances.is_empty()
             && let Some(io) = instance.model_io()
         {
-            config::check_against_model(&p.config, &io)?;
+            scalars = config::check_against_model(&p.config, &io)?;
         }
-        warmup.run(instance.as_mut(), &outputs)?;
+        let samples = match &mut warmup {
+            Some(w) => w,
+            None => warmup.insert(Samples::build(&p.config, dir, &scalars.inputs)?),
+        };
+        samples.run(instance.as_mut(), &outputs)?;
         instances.push(instance);
     }
-    let schema = Arc::new(Schema::from_config(&p.config, p.labels.clone()).map_err(|e| e.to_string())?);
+    let schema = Schema::from_config(&p.config, p.labels.clone()).map_err(|e| e.to_string())?;
+    let schema = Arc::new(schema.with_scalars(&scalars.inputs, &scalars.outputs));
     let stats = Arc::new(Stats::new(options.recent_stats, options.histogram.clone()));
     let dynamic = match &p.config.scheduling_choice {
         Some(SchedulingChoice::DynamicBatching(db)) => Some(db),
@@ -251,6 +242,24 @@ fn load_version(
         stats,
         content,
     })
+}
+
+/// As Triton: a KIND_GPU group puts `count` instances on each GPU it lists (GPU 0 when it lists
+/// none); every other kind runs on the CPU.
+fn devices(config: &ModelConfig) -> Vec<Device> {
+    config
+        .instance_group
+        .iter()
+        .flat_map(|group| {
+            let devices = if group.kind == crate::proto::inference::model_instance_group::Kind::Gpu as i32 {
+                let gpus = if group.gpus.is_empty() { vec![0] } else { group.gpus.clone() };
+                gpus.into_iter().map(Device::Gpu).collect()
+            } else {
+                vec![Device::Cpu]
+            };
+            devices.into_iter().flat_map(move |d| std::iter::repeat_n(d, group.count.max(0) as usize))
+        })
+        .collect()
 }
 
 /// SHA-256 over the effective config, the label files, and every file of the version folder

@@ -21,7 +21,8 @@ struct Input {
 pub struct Samples(Vec<(String, u32, Vec<Input>)>);
 
 impl Samples {
-    pub fn build(config: &ModelConfig, dir: &Path) -> Result<Samples, String> {
+    /// `scalars`: inputs the model takes as scalars (config `[1]`, model `[]`).
+    pub fn build(config: &ModelConfig, dir: &Path, scalars: &[String]) -> Result<Samples, String> {
         let batching = config.max_batch_size > 0;
         let mut samples = Vec::new();
         for w in config.model_warmup.iter().filter(|w| w.batch_size > 0) {
@@ -37,6 +38,7 @@ impl Samples {
                     .ok_or_else(|| fail(format!("input '{name}' has no valid data_type")))?;
                 let item = match &spec.reshape {
                     Some(r) => model_shape(None, &input.dims, &spec.dims, &r.shape),
+                    None if scalars.contains(name) => Vec::new(),
                     None => input.dims.clone(),
                 };
                 let count =

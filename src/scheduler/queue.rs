@@ -131,7 +131,6 @@ impl Queue {
         Queue { policy, levels, next_seq: 0, deadlines: BTreeSet::new(), stopping: false }
     }
 
-
     pub fn is_empty(&self) -> bool {
         self.levels.iter().all(|l| l.len() == 0)
     }

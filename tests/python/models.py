@@ -127,3 +127,64 @@ def sample(datatype, shape):
         info = np.iinfo(np_type)
         return RNG.integers(info.min, info.max, size=shape, dtype=np_type, endpoint=True)
     return RNG.standard_normal(shape).astype(np_type)
+
+
+SILERO_VERSION = "6.2.3"
+SILERO_CONFIG = """
+name: "silero_vad"
+backend: "onnxruntime"
+max_batch_size: 0
+input [
+  { name: "input" data_type: TYPE_FP32 dims: [ -1, -1 ] },
+  { name: "state" data_type: TYPE_FP32 dims: [ 2, -1, 128 ] },
+  { name: "sr" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+output [
+  { name: "output" data_type: TYPE_FP32 dims: [ -1, 1 ] },
+  { name: "stateN" data_type: TYPE_FP32 dims: [ 2, -1, 128 ] }
+]
+"""
+
+
+def silero_vad_file():
+    """The Silero VAD ONNX file (scalar input `sr`, recurrent `state`) from the PyPI `silero-vad`
+    wheel, downloaded once (no dependencies) into .venv/test-models."""
+    import subprocess
+    import sys
+    import zipfile
+
+    cache = os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "test-models")
+    dest = os.path.join(cache, f"silero_vad-{SILERO_VERSION}.onnx")
+    if not os.path.exists(dest):
+        os.makedirs(cache, exist_ok=True)
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+                        "-d", cache, f"silero-vad=={SILERO_VERSION}"], check=True)
+        wheel = os.path.join(cache, f"silero_vad-{SILERO_VERSION}-py3-none-any.whl")
+        with zipfile.ZipFile(wheel) as z, open(dest + ".partial", "wb") as out:
+            out.write(z.read("silero_vad/data/silero_vad.onnx"))
+        os.replace(dest + ".partial", dest)
+    return dest
+
+
+def silero_vad(repo, name="silero_vad", config=SILERO_CONFIG):
+    dest = os.path.join(repo, name, "1", "model.onnx")
+    os.makedirs(os.path.dirname(dest), exist_ok=True)
+    shutil.copy(silero_vad_file(), dest)
+    if config is not None:
+        write(os.path.join(repo, name, "config.pbtxt"), config.replace("silero_vad", name))
+    return dest
+
+
+def scalars(repo):
+    """Two small models with scalar tensors: `total` (no batching) sums a vector into a scalar
+    output and adds a scalar input; `per_row` (batching) doubles a per-row scalar."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])
+    k = helper.make_tensor_value_info("k", TensorProto.FLOAT, [])
+    s = helper.make_tensor_value_info("s", TensorProto.FLOAT, [])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["sum"], keepdims=0), helper.make_node("Add", ["sum", "k"], ["s"])]
+    save(helper.make_graph(nodes, "total", [x, k], [s]), os.path.join(repo, "total", "1", "model.onnx"))
+    r = helper.make_tensor_value_info("r", TensorProto.FLOAT, ["batch"])
+    d = helper.make_tensor_value_info("d", TensorProto.FLOAT, ["batch"])
+    two = numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two")
+    graph = helper.make_graph([helper.make_node("Mul", ["r", "two"], ["d"])], "per_row", [r], [d], initializer=[two])
+    save(graph, os.path.join(repo, "per_row", "1", "model.onnx"))

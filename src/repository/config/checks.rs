@@ -181,16 +181,28 @@ fn validate_dynamic_batching(db: &ModelDynamicBatching, max: i32) -> Result<(), 
     Ok(())
 }
 
+/// The tensors a model declares as scalars (shape `[]`, or `[-1]` for a batching model) that the
+/// config gives as `dims: [1]` without a reshape, as Triton's ONNX Runtime backend accepts them:
+/// requests send `[1]` per item, the model sees a scalar, a scalar output is reported as `[1]`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Scalars {
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+}
+
 /// Config inputs and outputs must exist in the model with the same datatype and a compatible
-/// shape; every input the model needs must be in the config.
-pub fn check_against_model(cfg: &ModelConfig, io: &ModelIo) -> Result<(), String> {
+/// shape; every input the model needs must be in the config. Returns the scalar tensors.
+pub fn check_against_model(cfg: &ModelConfig, io: &ModelIo) -> Result<Scalars, String> {
+    let mut scalars = Scalars::default();
     if io.inputs.is_empty() && io.outputs.is_empty() {
-        return Ok(()); // the backend declares nothing to compare with
+        return Ok(scalars); // the backend declares nothing to compare with
     }
     let batching = cfg.max_batch_size > 0;
     for i in &cfg.input {
         let m = find(&io.inputs, &i.name, "input", cfg)?;
-        compare(&cfg.name, "input", &i.name, i.data_type, &i.dims, i.reshape.as_ref(), m, batching)?;
+        if compare(&cfg.name, "input", &i.name, i.data_type, &i.dims, i.reshape.as_ref(), m, batching)? {
+            scalars.inputs.push(i.name.clone());
+        }
     }
     if let Some(missing) = io.inputs.iter().find(|m| !cfg.input.iter().any(|i| i.name == m.name)) {
         return Err(format!(
@@ -200,9 +212,11 @@ pub fn check_against_model(cfg: &ModelConfig, io: &ModelIo) -> Result<(), String
     }
     for o in &cfg.output {
         let m = find(&io.outputs, &o.name, "output", cfg)?;
-        compare(&cfg.name, "output", &o.name, o.data_type, &o.dims, o.reshape.as_ref(), m, batching)?;
+        if compare(&cfg.name, "output", &o.name, o.data_type, &o.dims, o.reshape.as_ref(), m, batching)? {
+            scalars.outputs.push(o.name.clone());
+        }
     }
-    Ok(())
+    Ok(scalars)
 }
 
 fn find<'a>(list: &'a [TensorInfo], name: &str, what: &str, cfg: &ModelConfig) -> Result<&'a TensorInfo, String> {
@@ -226,7 +240,7 @@ fn compare(
     reshape: Option<&ModelTensorReshape>,
     m: &TensorInfo,
     batching: bool,
-) -> Result<(), String> {
+) -> Result<bool, String> {
     let config_dt = DataType::from_config(data_type);
     if m.datatype != config_dt {
         let model_dt = m.datatype.map_or("an unsupported type", |d| d.config_name());
@@ -242,6 +256,10 @@ fn compare(
             shape_string(&m.shape)
         ));
     }
+    let item = if batching { &m.shape[1..] } else { &m.shape[..] };
+    if reshape.is_none() && dims == [1] && item.is_empty() {
+        return Ok(true);
+    }
     let seen = reshape.map_or(dims, |r| &r.shape[..]);
     let mut expected: Vec<i64> = if batching { vec![-1] } else { Vec::new() };
     expected.extend_from_slice(seen);
@@ -255,5 +273,5 @@ fn compare(
             if batching { " (the leading -1 is the batch dimension from max_batch_size > 0)" } else { "" }
         ));
     }
-    Ok(())
+    Ok(false)
 }

@@ -151,6 +151,46 @@ fn config_must_agree_with_the_model() {
 }
 
 #[test]
+fn config_dims_1_match_a_model_scalar() {
+    let io = ModelIo {
+        inputs: vec![info("x", DataType::Fp32, &[-1]), info("sr", DataType::Int64, &[])],
+        outputs: vec![info("p", DataType::Fp32, &[])],
+    };
+    let t = |name: &str, dt: DataType, dims: Vec<i64>| (name.to_string(), dt.config(), dims);
+    let cfg = |inputs: Vec<(String, i32, Vec<i64>)>, outputs: Vec<(String, i32, Vec<i64>)>| ModelConfig {
+        name: "vad".into(),
+        input: inputs
+            .into_iter()
+            .map(|(name, data_type, dims)| ModelInput { name, data_type, dims, ..Default::default() })
+            .collect(),
+        output: outputs
+            .into_iter()
+            .map(|(name, data_type, dims)| ModelOutput { name, data_type, dims, ..Default::default() })
+            .collect(),
+        ..Default::default()
+    };
+    let good = cfg(
+        vec![t("x", DataType::Fp32, vec![-1]), t("sr", DataType::Int64, vec![1])],
+        vec![t("p", DataType::Fp32, vec![1])],
+    );
+    let scalars = check_against_model(&good, &io).unwrap();
+    assert_eq!(scalars, Scalars { inputs: vec!["sr".into()], outputs: vec!["p".into()] });
+    let two = cfg(
+        vec![t("x", DataType::Fp32, vec![-1]), t("sr", DataType::Int64, vec![2])],
+        vec![t("p", DataType::Fp32, vec![1])],
+    );
+    let err = check_against_model(&two, &io).unwrap_err();
+    assert!(err.contains("the model's shape is [] but the configuration gives [2]"), "{err}");
+    // Per-row scalars of a batching model.
+    let io =
+        ModelIo { inputs: vec![info("r", DataType::Fp32, &[-1])], outputs: vec![info("d", DataType::Fp32, &[-1])] };
+    let mut rows = cfg(vec![t("r", DataType::Fp32, vec![1])], vec![t("d", DataType::Fp32, vec![1])]);
+    rows.max_batch_size = 8;
+    let scalars = check_against_model(&rows, &io).unwrap();
+    assert_eq!(scalars.inputs, vec!["r".to_string()]);
+}
+
+#[test]
 fn files_a_config_names_stay_in_the_folder() {
     let root = dir_with_version("m");
     for bad in ["../../other/1/model.onnx", "/etc/passwd", "a/../../b"] {
