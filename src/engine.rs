@@ -351,7 +351,11 @@ impl Engine {
                 }
             }
         };
-        let result = reply.await.unwrap_or_else(|_| Err(Error::internal("the model instance dropped the request")));
+        let result = reply.await.unwrap_or_else(|_| {
+            Err(Error::internal(format!(
+                "model '{name}': the instance running this request failed unexpectedly (see the server log) and was restarted; send the request again"
+            )))
+        });
         (model, result)
     }
 

@@ -32,6 +32,9 @@ pub struct Schema {
     pub max_batch_size: usize,
     pub inputs: Vec<TensorSpec>,
     pub outputs: Vec<TensorSpec>,
+    /// BYTES elements must be UTF-8 text (the backend's strings are text, as ONNX's are): checked
+    /// per request, so one client's bad string fails only its own request.
+    pub utf8_bytes: bool,
 }
 
 impl Schema {
@@ -41,7 +44,8 @@ impl Schema {
         labels.resize(config.output.len(), Vec::new());
         let inputs = config.input.iter().map(input_spec).collect::<Result<Vec<_>>>()?;
         let outputs = config.output.iter().zip(labels).map(|(o, l)| output_spec(o, l)).collect::<Result<Vec<_>>>()?;
-        Ok(Schema { max_batch_size: usize::try_from(config.max_batch_size).unwrap_or(0), inputs, outputs })
+        let max_batch_size = usize::try_from(config.max_batch_size).unwrap_or(0);
+        Ok(Schema { max_batch_size, inputs, outputs, utf8_bytes: config.backend == "onnxruntime" })
     }
 
     /// Tensors the model holds as scalars where the config says `dims: [1]`: the model sees

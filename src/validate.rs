@@ -206,7 +206,7 @@ fn check_input(model: &str, schema: &Schema, spec: &TensorSpec, t: InputTensor) 
             shape_string(&t.shape)
         )));
     }
-    check_byte_size(model, &t)?;
+    check_byte_size(model, &t, schema.utf8_bytes)?;
     let shape = match &spec.reshape {
         Some(reshape) => model_shape(schema.batching().then(|| t.shape[0]), item, &spec.dims, reshape),
         None => t.shape,
@@ -214,7 +214,7 @@ fn check_input(model: &str, schema: &Schema, spec: &TensorSpec, t: InputTensor) 
     Ok(ModelTensor { shape, data: t.data })
 }
 
-fn check_byte_size(model: &str, t: &InputTensor) -> Result<()> {
+fn check_byte_size(model: &str, t: &InputTensor, utf8: bool) -> Result<()> {
     let count = element_count(&t.shape).ok_or_else(|| {
         Error::invalid(format!("shape {} of input '{}' is too large", shape_string(&t.shape), t.name))
     })?;
@@ -237,6 +237,15 @@ fn check_byte_size(model: &str, t: &InputTensor) -> Result<()> {
                     "input '{}' for model '{model}' holds {got} BYTES elements but its shape {} needs {count}",
                     t.name,
                     shape_string(&t.shape)
+                )));
+            }
+            if utf8
+                && let Some(n) = crate::tensor::bytes_elements(&t.data)
+                    .position(|e| e.is_ok_and(|e| std::str::from_utf8(e).is_err()))
+            {
+                return Err(Error::invalid(format!(
+                    "input '{}' for model '{model}': element {n} is not valid UTF-8; this model's strings are text",
+                    t.name
                 )));
             }
         }

@@ -201,9 +201,8 @@ fn load_version(
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(devices.len());
     let mut scalars = config::Scalars::default();
     let mut warmup: Option<Samples> = None;
-    for device in devices {
-        let spec = InstanceSpec { model_path: &path, config: &p.config, device, intra_op_threads: threads };
-        let mut instance = p.backend.load(&spec).map_err(|e| e.to_string())?;
+    for &device in &devices {
+        let mut instance = load_instance(&*p.backend, &path, &p.config, device, threads).map_err(|e| e.to_string())?;
         if instances.is_empty()
             && let Some(io) = instance.model_io()
         {
@@ -229,7 +228,14 @@ fn load_version(
         preserve_ordering: dynamic.is_some_and(|d| d.preserve_ordering),
     };
     let ctx = ModelContext { name: name.to_string(), version, schema: Arc::clone(&schema), stats: Arc::clone(&stats) };
-    let scheduler = Scheduler::start(ctx, policy, instances).map_err(|e| e.to_string())?;
+    let rebuild: crate::scheduler::Rebuild = {
+        let (backend, path, config, devices) = (Arc::clone(&p.backend), path.clone(), Arc::clone(&p.config), devices);
+        Arc::new(move |i: usize| {
+            let device = devices.get(i).copied().unwrap_or(Device::Cpu);
+            load_instance(&*backend, &path, &config, device, threads)
+        })
+    };
+    let scheduler = Scheduler::start(ctx, policy, instances, Some(rebuild)).map_err(|e| e.to_string())?;
     let caches = options.content_digests && p.config.response_cache.as_ref().is_some_and(|c| c.enable);
     let content =
         if caches { content_digest(&p.config, &p.labels, &dir.join(version.to_string()))? } else { String::new() };
@@ -242,6 +248,16 @@ fn load_version(
         stats,
         content,
     })
+}
+
+fn load_instance(
+    backend: &dyn Backend,
+    path: &Path,
+    config: &ModelConfig,
+    device: Device,
+    threads: usize,
+) -> Result<Box<dyn ModelInstance>> {
+    backend.load(&InstanceSpec { model_path: path, config, device, intra_op_threads: threads })
 }
 
 /// As Triton: a KIND_GPU group puts `count` instances on each GPU it lists (GPU 0 when it lists

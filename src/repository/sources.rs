@@ -68,7 +68,16 @@ impl Found {
     }
 }
 
+/// Every entry under `dir` with its size and time. Symbolic links are listed, not followed into
+/// (a link to a folder above would loop forever), and nesting stops at 32 levels.
 fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+    walk_at(root, dir, out, 0);
+}
+
+fn walk_at(root: &Path, dir: &Path, out: &mut Vec<String>, depth: usize) {
+    if depth > 32 {
+        return;
+    }
     for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
         let p = e.path();
         let meta = e.metadata().ok();
@@ -78,8 +87,8 @@ fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
             .map_or(0, |t| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
         let rel = p.strip_prefix(root).map_or_else(|_| p.display().to_string(), |r| r.display().to_string());
         out.push(format!("{rel}:{}:{modified}", meta.map_or(0, |m| m.len())));
-        if p.is_dir() {
-            walk(root, &p, out);
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            walk_at(root, &p, out, depth + 1);
         }
     }
 }

@@ -61,7 +61,6 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
         Ok(outs) => outs,
         Err(e) => {
             tracing::debug!(model = %ctx.name, version = ctx.version, error = %e, "batch failed");
-            ctx.stats.running(-(jobs.len() as i64));
             for job in jobs {
                 responder.send(job.seq, job.reply, Err(e.clone()));
             }
@@ -81,7 +80,6 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
     let queued: Vec<_> = replies.iter().map(|(j, _)| start.saturating_duration_since(j.enqueued)).collect();
     let phases = PhaseTimes { input: input_done - start, infer: infer_done - input_done, output: infer_done.elapsed() };
     ctx.stats.record_execution(rows as u64, &queued, phases);
-    ctx.stats.running(-(replies.len() as i64));
     for (job, response) in replies {
         responder.send(job.seq, job.reply, response);
     }

@@ -28,6 +28,8 @@ use queue::{Job, Queue};
 pub use queue::{LevelPolicy, QueuePolicy};
 
 pub type Reply = oneshot::Receiver<Result<InferResponse>>;
+/// Builds instance `i` again (after it panicked).
+pub type Rebuild = Arc<dyn Fn(usize) -> Result<Box<dyn ModelInstance>> + Send + Sync>;
 type Sender = oneshot::Sender<Result<InferResponse>>;
 
 /// What a batch needs to know of its model version.
@@ -49,6 +51,27 @@ struct Responder {
 }
 
 impl Responder {
+    /// Requests of a batch whose instance panicked: their senders are gone (the callers get an
+    /// error); later replies must not wait for them.
+    fn abandon(&self, seqs: &[u64]) {
+        if !self.ordered {
+            return;
+        }
+        let mut held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        for &seq in seqs {
+            if seq >= held.0 {
+                let (tx, _) = oneshot::channel();
+                held.1.insert(seq, (tx, Err(Error::internal("abandoned"))));
+            }
+        }
+        loop {
+            let next = held.0;
+            let Some((reply, result)) = held.1.remove(&next) else { break };
+            let _ = reply.send(result);
+            held.0 += 1;
+        }
+    }
+
     fn send(&self, seq: u64, reply: Sender, result: Result<InferResponse>) {
         if !self.ordered {
             let _ = reply.send(result);
@@ -121,10 +144,11 @@ impl Shared {
         }
     }
 
-    /// Answers expired requests when they expire.
+    /// Answers expired requests when they expire. Once the version stops, the reaper ends as
+    /// soon as no queued request has a deadline (the instances answer the rest).
     fn reap(&self) {
         let mut q = self.lock();
-        while !(q.stopping && q.is_empty()) {
+        while !(q.stopping && q.next_deadline().is_none()) {
             let now = Instant::now();
             self.answer_swept(&mut q, now);
             q = match q.next_deadline() {
@@ -133,6 +157,43 @@ impl Shared {
                 }
                 None => self.reaper.wait(q).unwrap_or_else(|p| p.into_inner()),
             };
+        }
+    }
+}
+
+/// An instance thread: runs batches until the scheduler stops. A panic fails that batch only
+/// (its callers get an error), and the instance is built again, so the version keeps serving.
+fn serve_instance(
+    shared: &Shared,
+    ctx: &ModelContext,
+    mut instance: Box<dyn ModelInstance>,
+    i: usize,
+    rebuild: Option<Rebuild>,
+) {
+    while let Some(jobs) = shared.next_batch() {
+        let (n, seqs): (i64, Vec<u64>) = (jobs.len() as i64, jobs.iter().map(|j| j.seq).collect());
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            batch::run(instance.as_mut(), ctx, &shared.responder, jobs)
+        }));
+        shared.stats.running(-n);
+        let Err(panic) = ran else { continue };
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        tracing::error!(model = %ctx.name, version = ctx.version, instance = i, panic = %what, "a model instance panicked; its batch failed");
+        shared.responder.abandon(&seqs);
+        if let Some(rebuild) = &rebuild {
+            match rebuild(i) {
+                Ok(fresh) => {
+                    instance = fresh;
+                    tracing::info!(model = %ctx.name, version = ctx.version, instance = i, "model instance restarted");
+                }
+                Err(e) => {
+                    tracing::error!(model = %ctx.name, error = %e, "cannot restart the model instance; keeping it")
+                }
+            }
         }
     }
 }
@@ -156,7 +217,13 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Starts one thread per instance (and a reaper when requests can time out).
-    pub fn start(ctx: ModelContext, policy: Policy, instances: Vec<Box<dyn ModelInstance>>) -> Result<Scheduler> {
+    /// `rebuild` makes a fresh instance when one panics (without it, the instance goes on).
+    pub fn start(
+        ctx: ModelContext,
+        policy: Policy,
+        instances: Vec<Box<dyn ModelInstance>>,
+        rebuild: Option<Rebuild>,
+    ) -> Result<Scheduler> {
         let reaper_needed = policy.queue.has_timeouts();
         let shared = Arc::new(Shared {
             queue: Mutex::new(Queue::new(policy.queue)),
@@ -174,15 +241,11 @@ impl Scheduler {
                 .spawn(f)
                 .map_err(|e| Error::internal(format!("cannot start a scheduler thread: {e}")))
         };
-        for (i, mut instance) in instances.into_iter().enumerate() {
-            let (shared, ctx2) = (Arc::clone(&shared), Arc::clone(&ctx));
+        for (i, instance) in instances.into_iter().enumerate() {
+            let (shared, ctx2, rebuild) = (Arc::clone(&shared), Arc::clone(&ctx), rebuild.clone());
             workers.push(spawn(
                 format!("{}-v{}-{i}", ctx.name, ctx.version),
-                Box::new(move || {
-                    while let Some(jobs) = shared.next_batch() {
-                        batch::run(instance.as_mut(), &ctx2, &shared.responder, jobs);
-                    }
-                }),
+                Box::new(move || serve_instance(&shared, &ctx2, instance, i, rebuild)),
             )?);
         }
         if reaper_needed {

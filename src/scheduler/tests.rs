@@ -46,12 +46,13 @@ fn spec(name: &str) -> TensorSpec {
 
 fn scheduler(batching: BatchPolicy, instances: usize, pause: Duration) -> (Scheduler, Arc<Stats>) {
     let policy = Policy { batching, queue: QueuePolicy::new(None), preserve_ordering: false };
-    let schema = Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")] });
+    let schema =
+        Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], utf8_bytes: false });
     let stats = Arc::new(Stats::default());
     let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::clone(&stats) };
     let instances: Vec<Box<dyn ModelInstance>> =
         (0..instances).map(|_| Box::new(Doubler { pause }) as Box<dyn ModelInstance>).collect();
-    (Scheduler::start(ctx, policy, instances).unwrap(), stats)
+    (Scheduler::start(ctx, policy, instances, None).unwrap(), stats)
 }
 
 fn request(v: i32) -> ValidatedRequest {
@@ -139,9 +140,10 @@ impl ModelInstance for Sleeper {
 }
 
 fn scheduler_with(policy: Policy, instances: Vec<Box<dyn ModelInstance>>) -> Scheduler {
-    let schema = Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")] });
+    let schema =
+        Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], utf8_bytes: false });
     let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::new(Stats::default()) };
-    Scheduler::start(ctx, policy, instances).unwrap()
+    Scheduler::start(ctx, policy, instances, None).unwrap()
 }
 
 #[tokio::test]
@@ -199,4 +201,59 @@ async fn full_queue_rejects_at_once() {
     assert_eq!(refused.http_status(), 503);
     assert!(refused.message().contains("Exceeds maximum queue size"));
     assert!(running.await.unwrap().is_ok() && queued.await.unwrap().is_ok());
+}
+
+/// Panics on a negative first element; otherwise a Doubler.
+struct Fragile;
+
+impl ModelInstance for Fragile {
+    fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
+        let first = i32::from_le_bytes(inputs[0].data[..4].try_into().unwrap());
+        assert!(first >= 0, "a bug in the instance");
+        Doubler { pause: Duration::ZERO }.execute(inputs, outputs)
+    }
+}
+
+#[tokio::test]
+async fn a_panicking_instance_fails_its_batch_and_is_restarted() {
+    let policy = Policy { batching: BatchPolicy::new(8, None), queue: QueuePolicy::new(None), preserve_ordering: true };
+    let schema =
+        Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], utf8_bytes: false });
+    let stats = Arc::new(Stats::default());
+    let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::clone(&stats) };
+    let rebuilt = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = Arc::clone(&rebuilt);
+    let rebuild: Rebuild = Arc::new(move |_| {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(Box::new(Fragile) as Box<dyn ModelInstance>)
+    });
+    let s = Scheduler::start(ctx, policy, vec![Box::new(Fragile)], Some(rebuild)).unwrap();
+    let bad = s.submit(request(-5)).ok().unwrap();
+    let good = s.submit(request(3)).ok().unwrap();
+    assert!(bad.await.is_err(), "the panicked batch's caller gets an error");
+    // preserve_ordering does not hold later replies behind the lost one.
+    assert_eq!(values(&good.await.unwrap().unwrap().outputs[0]), vec![6, 8]);
+    assert_eq!(rebuilt.load(std::sync::atomic::Ordering::SeqCst), 1);
+    assert_eq!(stats.snapshot().executing, 0, "the executing gauge came back down");
+}
+
+#[tokio::test]
+async fn the_reaper_ends_with_its_version_even_with_requests_queued_without_deadlines() {
+    let db = crate::proto::inference::ModelDynamicBatching {
+        default_queue_policy: Some(crate::proto::inference::ModelQueuePolicy {
+            allow_timeout_override: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let policy =
+        Policy { batching: BatchPolicy::new(8, None), queue: QueuePolicy::new(Some(&db)), preserve_ordering: false };
+    let s = scheduler_with(policy, vec![Box::new(Sleeper)]);
+    let replies: Vec<_> = (0..3).map(|_| s.submit(request(50)).ok().unwrap()).collect();
+    s.stop();
+    let joined = tokio::task::spawn_blocking(move || s.join());
+    tokio::time::timeout(Duration::from_secs(10), joined).await.expect("every thread ended").unwrap();
+    for r in replies {
+        assert!(r.await.unwrap().is_ok());
+    }
 }

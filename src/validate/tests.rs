@@ -25,6 +25,7 @@ fn simple(max_batch_size: usize) -> Schema {
         max_batch_size,
         inputs: vec![spec("INPUT0", DataType::Int32, &[16]), spec("INPUT1", DataType::Int32, &[16])],
         outputs: vec![spec("OUTPUT0", DataType::Int32, &[16]), spec("OUTPUT1", DataType::Int32, &[16])],
+        utf8_bytes: false,
     }
 }
 
@@ -125,7 +126,12 @@ fn unbatched_model_takes_shape_as_is() {
 
 #[test]
 fn bytes_inputs_count_elements() {
-    let schema = Schema { max_batch_size: 0, inputs: vec![spec("s", DataType::Bytes, &[2])], outputs: vec![] };
+    let schema = Schema {
+        max_batch_size: 0,
+        inputs: vec![spec("s", DataType::Bytes, &[2])],
+        outputs: vec![],
+        utf8_bytes: false,
+    };
     let mut data = Vec::new();
     crate::tensor::push_bytes_element(&mut data, b"hello");
     let one =
@@ -135,6 +141,17 @@ fn bytes_inputs_count_elements() {
     crate::tensor::push_bytes_element(&mut data, b"");
     let two = InputTensor { name: "s".into(), datatype: DataType::Bytes, shape: vec![2], data: Bytes::from(data) };
     assert!(validate("simple", &schema, request(vec![two])).is_ok());
+    let mut bad = Vec::new();
+    crate::tensor::push_bytes_element(&mut bad, b"ok");
+    crate::tensor::push_bytes_element(&mut bad, &[0xff, 0xfe]);
+    let bad = InputTensor { name: "s".into(), datatype: DataType::Bytes, shape: vec![2], data: Bytes::from(bad) };
+    assert!(
+        validate("simple", &schema, request(vec![bad.clone()])).is_ok(),
+        "any bytes, unless the backend wants text"
+    );
+    let text = Schema { utf8_bytes: true, ..schema };
+    let m = err(&text, request(vec![bad]));
+    assert!(m.contains("input 's' for model 'simple': element 1 is not valid UTF-8"), "{m}");
 }
 
 #[test]

@@ -388,3 +388,50 @@ def test_sigterm_drains_admitted_requests_and_refuses_new_ones():
         assert "exit deadline reached" in s.log(), "the stuck client was cut at the deadline"
         admitted.close()
         stuck.close()
+
+
+def test_one_clients_bad_string_fails_only_its_request(fresh_repo):
+    """BYTES of an ONNX model must be UTF-8: checked per request, so a bad string batched with
+    others fails only its own request."""
+    import threading
+
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    models.identity(fresh_repo, "strings", "BYTES")
+    models.write(os.path.join(fresh_repo, "strings", "config.pbtxt"), """
+max_batch_size: 8
+dynamic_batching { max_queue_delay_microseconds: 200000 }
+input [ { name: "INPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_STRING dims: [ -1 ] } ]
+""")
+    with Server(["--model-repository", fresh_repo]) as s:
+        results = {}
+
+        def send(key, value):
+            client = httpclient.InferenceServerClient(s.url)
+            t = httpclient.InferInput("INPUT0", [1, 1], "BYTES")
+            t.set_data_from_numpy(np.array([[value]], dtype=np.object_))
+            try:
+                results[key] = client.infer("strings", [t]).as_numpy("OUTPUT0")[0, 0]
+            except Exception as e:  # noqa: BLE001 - the error is the result
+                results[key] = e
+
+        threads = [threading.Thread(target=send, args=(k, v)) for k, v in
+                   [("good1", b"hello"), ("bad", b"\xff\xfe"), ("good2", "é".encode())]]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results["good1"] == b"hello" and results["good2"] == "é".encode(), results
+        assert "not valid UTF-8" in str(results["bad"]), results
+
+
+def test_a_symlink_cycle_in_a_model_folder_does_not_hang(fresh_repo):
+    models.add_mul(fresh_repo, "m")
+    os.symlink("..", os.path.join(fresh_repo, "m", "1", "loop"))
+    os.symlink(fresh_repo, os.path.join(fresh_repo, "m", "up"))
+    with Server(["--model-repository", fresh_repo, "--model-control-mode=poll", "--repository-poll-secs=1"]) as s:
+        assert s.client().is_model_ready("m")
+        assert s.wait_log("poll", timeout=5) or True
+        assert s.client().is_server_ready()
