@@ -12,8 +12,9 @@ use std::{
 use crate::{
     admission::Admission,
     cache::{self, Lookup, ResponseCache},
+    ensemble::{self, Ensemble, StepEngine, StepFuture},
     error::{Error, Result},
-    model::ModelVersion,
+    model::{ModelVersion, Runner},
     proto::inference::ModelConfig,
     repository::{control::ModelRepository, registry::Registry},
     request::{InferRequest, InferResponse, ShmRef},
@@ -21,7 +22,7 @@ use crate::{
     shm::SharedMemory,
     stats::Snapshot,
     telemetry::otel,
-    tensor::DataType,
+    tensor::{DataType, Tensor},
     validate::{ValidatedRequest, validate},
 };
 
@@ -323,8 +324,20 @@ impl Engine {
         mut validated: ValidatedRequest,
     ) -> (Arc<ModelVersion>, Result<InferResponse>) {
         let name = model.name.clone();
+        if let Some(ensemble) = model.ensemble() {
+            let result = self.run_ensemble(&model, Arc::clone(ensemble), validated).await;
+            return (model, result);
+        }
         let reply = loop {
-            match model.scheduler.submit(validated) {
+            let Runner::Scheduler(scheduler) = &model.runner else {
+                return (
+                    model,
+                    Err(Error::unavailable(format!(
+                        "model '{name}' changed its kind while the request was queued; send it again"
+                    ))),
+                );
+            };
+            match scheduler.submit(validated) {
                 Ok(reply) => break reply,
                 Err(back) => {
                     let next = match self.registry.resolve(&name, requested) {
@@ -359,6 +372,52 @@ impl Engine {
         (model, result)
     }
 
+    /// Runs an ensemble version: its steps are engine calls; its outputs are the tensors the
+    /// request asked for, in order (classified when asked).
+    async fn run_ensemble(
+        &self,
+        model: &ModelVersion,
+        ensemble: Arc<Ensemble>,
+        req: ValidatedRequest,
+    ) -> Result<InferResponse> {
+        let started = Instant::now();
+        let schema = &model.schema;
+        let inputs: Vec<Tensor> = schema
+            .inputs
+            .iter()
+            .zip(req.inputs)
+            .filter_map(|(spec, t)| {
+                let t = t?;
+                Some(Tensor { name: spec.name.clone(), datatype: spec.datatype, shape: t.shape, data: t.data })
+            })
+            .collect();
+        let mut pool = ensemble::run(&ensemble, self, &req.id, &req.parameters, inputs, &req.span).await?;
+        let outputs = req
+            .outputs
+            .iter()
+            .map(|o| {
+                let spec = &schema.outputs[o.index];
+                let t = pool.remove(&spec.name).ok_or_else(|| {
+                    Error::internal(format!("ensemble '{}' produced no output '{}'", model.name, spec.name))
+                })?;
+                match o.classification {
+                    Some(k) => crate::classify::classify(&t, schema.batching(), k as usize, &spec.labels),
+                    None => Ok(t),
+                }
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let took = started.elapsed();
+        let phases = crate::stats::PhaseTimes { input: Default::default(), infer: took, output: Default::default() };
+        model.stats.record_execution(req.rows as u64, &[Default::default()], phases);
+        Ok(InferResponse {
+            model_name: model.name.clone(),
+            model_version: model.version,
+            id: req.id,
+            parameters: Default::default(),
+            outputs,
+        })
+    }
+
     /// Writes the outputs asked for in shared memory there; the reply then carries them empty.
     fn write_shm_outputs(&self, targets: &[(String, ShmRef)], resp: &mut InferResponse) -> Result<()> {
         for (name, target) in targets {
@@ -368,5 +427,11 @@ impl Engine {
             }
         }
         Ok(())
+    }
+}
+
+impl StepEngine for Engine {
+    fn infer_step(&self, req: InferRequest) -> StepFuture<'_> {
+        Box::pin(self.infer(req))
     }
 }

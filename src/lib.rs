@@ -12,6 +12,7 @@ pub mod cache;
 pub mod classify;
 pub mod config;
 pub mod engine;
+pub mod ensemble;
 pub mod error;
 pub mod frontend;
 pub mod metrics;

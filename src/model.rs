@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use crate::{
+    ensemble::Ensemble,
     error::{Error, Result},
     proto::inference::{ModelConfig, ModelInput, ModelOutput},
     scheduler::Scheduler,
@@ -110,6 +111,13 @@ fn output_spec(o: &ModelOutput, labels: Vec<String>) -> Result<TensorSpec> {
     })
 }
 
+/// How a version runs its requests: its own scheduler and instances, or, for an ensemble, one
+/// engine call per step.
+pub enum Runner {
+    Scheduler(Scheduler),
+    Ensemble(Arc<Ensemble>),
+}
+
 /// A version that is loaded and can serve. Dropping the last reference stops nothing by itself:
 /// the registry calls `retire` when the version leaves service.
 pub struct ModelVersion {
@@ -117,7 +125,7 @@ pub struct ModelVersion {
     pub version: u64,
     pub config: Arc<ModelConfig>,
     pub schema: Arc<Schema>,
-    pub scheduler: Scheduler,
+    pub runner: Runner,
     pub stats: Arc<Stats>,
     /// A digest of what the version computes with (its files and effective config), for the
     /// response cache's keys; empty when the cache does not serve it.
@@ -132,6 +140,16 @@ impl ModelVersion {
 
     /// Stops taking requests, lets admitted ones finish, and releases the instances.
     pub fn retire(&self) {
-        self.scheduler.stop();
+        if let Runner::Scheduler(s) = &self.runner {
+            s.stop();
+        }
+    }
+
+    /// The ensemble this version runs, if it is one.
+    pub fn ensemble(&self) -> Option<&Arc<Ensemble>> {
+        match &self.runner {
+            Runner::Ensemble(e) => Some(e),
+            Runner::Scheduler(_) => None,
+        }
     }
 }

@@ -46,9 +46,9 @@ struct Seen {
 }
 
 pub struct ModelRepository {
-    sources: Sources,
-    loader: Loader,
-    mode: ControlMode,
+    pub(super) sources: Sources,
+    pub(super) loader: Loader,
+    pub(super) mode: ControlMode,
     /// One load or unload at a time per model.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Folders written from load-request files, kept while their model may use them.
@@ -72,7 +72,7 @@ impl ModelRepository {
         &self.loader
     }
 
-    fn lock_for(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+    pub(super) fn lock_for(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.locks.lock().unwrap_or_else(|p| p.into_inner());
         Arc::clone(locks.entry(name.to_string()).or_default())
     }
@@ -92,20 +92,64 @@ impl ModelRepository {
     }
 
     /// Downloads (when remote) and loads what a plan says; the versions serving now keep serving
-    /// if anything fails.
+    /// if anything fails. An ensemble's composing models that do not serve yet load first.
     async fn load_plan(&self, name: &str, plan: &Plan) -> Result<()> {
-        let dir = match self.sources.fetch(name, plan).await {
-            Ok(dir) => dir,
-            Err(reason) => {
-                tracing::error!(model = name, error = %reason, "model files could not be staged");
-                self.loader.registry().fail_model(name, &reason);
-                return Err(Error::unavailable(format!("failed to load '{name}': {reason}")));
-            }
-        };
+        let dir = self.stage(name, plan).await?;
+        self.load_dependencies(name, &dir, None, &[]).await?;
         self.loader.load(name, &dir, None).await
     }
 
-    fn remember(&self, found: &Found, plan: &Plan) {
+    /// The local folder of a plan (downloaded when remote).
+    pub(super) async fn stage(&self, name: &str, plan: &Plan) -> Result<std::path::PathBuf> {
+        self.sources.fetch(name, plan).await.map_err(|reason| {
+            tracing::error!(model = name, error = %reason, "model files could not be staged");
+            self.loader.registry().fail_model(name, &reason);
+            Error::unavailable(format!("failed to load '{name}': {reason}"))
+        })
+    }
+
+    /// Loads the composing models of the ensemble in `dir` that are not serving (explicit mode:
+    /// loading an ensemble loads its parts). `chain`: the ensembles being loaded around this
+    /// one, to refuse a cycle instead of waiting on it.
+    fn load_dependencies<'a>(
+        &'a self,
+        name: &'a str,
+        dir: &'a Path,
+        config: Option<&'a crate::proto::inference::ModelConfig>,
+        chain: &'a [String],
+    ) -> futures_util::future::BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            let steps = super::startup::ensemble_steps(dir, config);
+            let registry = self.loader.registry();
+            for dep in steps.into_iter().filter(|d| registry.resolve(d, None).is_err()) {
+                if dep == name || chain.contains(&dep) {
+                    return Err(Error::invalid(format!(
+                        "failed to load '{name}': ensembles {chain:?} and '{name}' run each other"
+                    )));
+                }
+                tracing::info!(model = %dep, ensemble = name, "loading a composing model of the ensemble");
+                let lock = self.lock_for(&dep);
+                let Ok(_guard) = tokio::time::timeout(std::time::Duration::from_secs(600), lock.lock()).await else {
+                    return Err(Error::unavailable(format!(
+                        "failed to load '{name}': composing model '{dep}' is busy"
+                    )));
+                };
+                if registry.resolve(&dep, None).is_ok() {
+                    continue;
+                }
+                let found = self.find(&dep).await.map_err(|e| e.context(format!("ensemble '{name}'")))?;
+                let plan = self.sources.plan(&found, None).await;
+                let dep_dir = self.stage(&dep, &plan).await?;
+                let mut deeper = chain.to_vec();
+                deeper.push(name.to_string());
+                self.load_dependencies(&dep, &dep_dir, None, &deeper).await?;
+                self.loader.load(&dep, &dep_dir, None).await?;
+            }
+            Ok(())
+        })
+    }
+
+    pub(super) fn remember(&self, found: &Found, plan: &Plan) {
         let seen = Seen {
             last: found.clone(),
             fingerprint: found.fingerprint(),
@@ -113,51 +157,6 @@ impl ModelRepository {
             held: plan.held.clone(),
         };
         self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(found.name.clone(), seen);
-    }
-
-    /// Loads what the control mode says to load at start-up; returns a line per failure.
-    pub async fn load_startup(self: &Arc<Self>, load_models: &[String]) -> Vec<String> {
-        let (found, duplicates) = match self.sources.scan().await {
-            Ok(f) => f,
-            Err(e) => return vec![e],
-        };
-        let mut failures: Vec<String> = Vec::new();
-        let everything = self.mode != ControlMode::Explicit || load_models.iter().any(|m| m == "*");
-        let wanted: Vec<_> = if everything {
-            for (name, reason) in duplicates {
-                tracing::error!(model = %name, error = %reason, "model not loaded");
-                self.loader.registry().fail_model(&name, &reason);
-                failures.push(reason);
-            }
-            found
-        } else {
-            for name in load_models.iter().filter(|m| !found.iter().any(|f| &f.name == *m)) {
-                failures.push(format!("--load-model={name}: no model folder named '{name}' in the model repositories"));
-            }
-            found.into_iter().filter(|f| load_models.contains(&f.name)).collect()
-        };
-        // A JoinSet: when start-up is abandoned (a stop signal), dropping it cancels the loads
-        // and downloads in progress.
-        let limit = Arc::new(tokio::sync::Semaphore::new(4));
-        let mut tasks = tokio::task::JoinSet::new();
-        for f in wanted {
-            let (repo, limit) = (Arc::clone(self), Arc::clone(&limit));
-            tasks.spawn(async move {
-                let _permit = limit.acquire().await;
-                let plan = repo.sources.plan(&f, None).await;
-                say_held(&f.name, &plan);
-                repo.remember(&f, &plan);
-                repo.load_plan(&f.name, &plan).await
-            });
-        }
-        while let Some(task) = tasks.join_next().await {
-            match task {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => failures.push(e.to_string()),
-                Err(e) => failures.push(format!("a model load task failed: {e}")),
-            }
-        }
-        failures
     }
 
     /// One poll: loads new models, reloads changed ones once their changes settle, unloads
@@ -275,11 +274,8 @@ impl ModelRepository {
             if config.is_none() {
                 return self.load_plan(name, &plan).await;
             }
-            let dir = self
-                .sources
-                .fetch(name, &plan)
-                .await
-                .map_err(|e| Error::unavailable(format!("failed to load '{name}': {e}")))?;
+            let dir = self.stage(name, &plan).await?;
+            self.load_dependencies(name, &dir, config.as_ref(), &[]).await?;
             return self.loader.load(name, &dir, config).await;
         }
         if config.is_none() {
@@ -289,6 +285,7 @@ impl ModelRepository {
         }
         let temp = write_inline(name, &req.files)?;
         let dir = temp.path().join(name);
+        self.load_dependencies(name, &dir, config.as_ref(), &[]).await?;
         self.loader.load(name, &dir, config).await?;
         self.inline.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), temp);
         Ok(())
@@ -343,7 +340,7 @@ fn check_name(name: &str) -> Result<()> {
     crate::names::check_model_name(name).map_err(Error::invalid)
 }
 
-fn say_held(model: &str, plan: &Plan) {
+pub(super) fn say_held(model: &str, plan: &Plan) {
     for why in &plan.held {
         tracing::info!(model, "{why}");
     }

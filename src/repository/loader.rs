@@ -10,8 +10,9 @@ use std::{
 use super::{config, registry::Registry, select_versions, version_dirs, warmup::Samples};
 use crate::{
     backend::{Backend, Backends, Device, InstanceSpec, ModelInstance},
+    ensemble::Ensemble,
     error::{Error, Result},
-    model::{ModelVersion, Schema},
+    model::{ModelVersion, Runner, Schema},
     proto::inference::{ModelConfig, model_config::SchedulingChoice},
     scheduler::{BatchPolicy, ModelContext, Policy, QueuePolicy, Scheduler},
     stats::Stats,
@@ -41,7 +42,8 @@ pub struct Loader {
 /// What the config pipeline hands to version loading.
 struct Prepared {
     config: Arc<ModelConfig>,
-    backend: Arc<dyn Backend>,
+    /// None: an ensemble (its steps run on other models).
+    backend: Option<Arc<dyn Backend>>,
     versions: Vec<u64>,
     labels: Vec<Vec<String>>,
 }
@@ -89,11 +91,16 @@ impl Loader {
         let prepared = Arc::new(prepared);
         let mut tasks = Vec::new();
         for &version in &prepared.versions {
-            let (prepared, dir, options, name) =
-                (Arc::clone(&prepared), dir.to_path_buf(), self.options.clone(), name.to_string());
+            let (prepared, dir, options, name, registry) = (
+                Arc::clone(&prepared),
+                dir.to_path_buf(),
+                self.options.clone(),
+                name.to_string(),
+                Arc::clone(&self.registry),
+            );
             tasks.push((
                 version,
-                tokio::task::spawn_blocking(move || load_version(&name, &prepared, &dir, version, &options)),
+                tokio::task::spawn_blocking(move || load_version(&name, &prepared, &dir, version, &registry, &options)),
             ));
         }
         let mut outcomes = BTreeMap::new();
@@ -154,11 +161,16 @@ fn prepare(
             dir.display()
         ));
     };
-    let backend = backends.get(&cfg.backend).map_err(|e| e.to_string())?;
-    if options.auto_complete && (cfg.input.is_empty() || cfg.output.is_empty()) {
-        let io = backend.model_io(&model_path(dir, newest, &cfg)).map_err(|e| e.to_string())?;
-        config::complete(&mut cfg, &io, options.default_max_batch_size)?;
-    }
+    let backend = if cfg.platform == "ensemble" {
+        None
+    } else {
+        let backend = backends.get(&cfg.backend).map_err(|e| e.to_string())?;
+        if options.auto_complete && (cfg.input.is_empty() || cfg.output.is_empty()) {
+            let io = backend.model_io(&model_path(dir, newest, &cfg)).map_err(|e| e.to_string())?;
+            config::complete(&mut cfg, &io, options.default_max_batch_size)?;
+        }
+        Some(backend)
+    };
     config::normalize(&mut cfg);
     config::validate(&cfg)?;
     let labels =
@@ -188,11 +200,15 @@ fn load_version(
     p: &Prepared,
     dir: &Path,
     version: u64,
+    registry: &Registry,
     options: &LoadOptions,
 ) -> std::result::Result<ModelVersion, String> {
+    let Some(backend) = &p.backend else {
+        return load_ensemble(name, p, dir, version, registry, options);
+    };
     let cores = options.cores;
     let path = model_path(dir, version, &p.config);
-    if p.backend.name() == "onnxruntime" && !path.exists() {
+    if backend.name() == "onnxruntime" && !path.exists() {
         return Err(format!("model file '{}' does not exist", path.display()));
     }
     let outputs: Vec<&str> = p.config.output.iter().map(|o| o.name.as_str()).collect();
@@ -202,7 +218,7 @@ fn load_version(
     let mut scalars = config::Scalars::default();
     let mut warmup: Option<Samples> = None;
     for &device in &devices {
-        let mut instance = load_instance(&*p.backend, &path, &p.config, device, threads).map_err(|e| e.to_string())?;
+        let mut instance = load_instance(&**backend, &path, &p.config, device, threads).map_err(|e| e.to_string())?;
         if instances.is_empty()
             && let Some(io) = instance.model_io()
         {
@@ -229,7 +245,7 @@ fn load_version(
     };
     let ctx = ModelContext { name: name.to_string(), version, schema: Arc::clone(&schema), stats: Arc::clone(&stats) };
     let rebuild: crate::scheduler::Rebuild = {
-        let (backend, path, config, devices) = (Arc::clone(&p.backend), path.clone(), Arc::clone(&p.config), devices);
+        let (backend, path, config, devices) = (Arc::clone(backend), path.clone(), Arc::clone(&p.config), devices);
         Arc::new(move |i: usize| {
             let device = devices.get(i).copied().unwrap_or(Device::Cpu);
             load_instance(&*backend, &path, &config, device, threads)
@@ -244,8 +260,33 @@ fn load_version(
         version,
         config: Arc::clone(&p.config),
         schema,
-        scheduler,
+        runner: Runner::Scheduler(scheduler),
         stats,
+        content,
+    })
+}
+
+/// An ensemble version: its steps checked against the composing models loaded now.
+fn load_ensemble(
+    name: &str,
+    p: &Prepared,
+    dir: &Path,
+    version: u64,
+    registry: &Registry,
+    options: &LoadOptions,
+) -> std::result::Result<ModelVersion, String> {
+    let schema = Arc::new(Schema::from_config(&p.config, p.labels.clone()).map_err(|e| e.to_string())?);
+    let ensemble = Ensemble::plan(&p.config, &schema, registry)?;
+    let caches = options.content_digests && p.config.response_cache.as_ref().is_some_and(|c| c.enable);
+    let content =
+        if caches { content_digest(&p.config, &p.labels, &dir.join(version.to_string()))? } else { String::new() };
+    Ok(ModelVersion {
+        name: name.to_string(),
+        version,
+        config: Arc::clone(&p.config),
+        schema,
+        runner: Runner::Ensemble(Arc::new(ensemble)),
+        stats: Arc::new(Stats::new(options.recent_stats, options.histogram.clone())),
         content,
     })
 }

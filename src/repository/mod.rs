@@ -13,6 +13,7 @@ pub mod loader;
 pub mod pbtxt;
 pub mod registry;
 pub mod sources;
+pub mod startup;
 pub mod storage;
 pub mod warmup;
 

@@ -58,6 +58,45 @@ struct Entry {
     unloaded: bool,
 }
 
+fn lookup(models: &BTreeMap<String, Entry>, name: &str, version: Option<u64>) -> Result<Arc<ModelVersion>> {
+    let unknown = || Error::not_found(format!("Request for unknown model: '{name}' is not found"));
+    let entry = models.get(name).ok_or_else(unknown)?;
+    match version {
+        Some(v) => {
+            let slot = entry.versions.get(&v).ok_or_else(|| {
+                Error::not_found(format!("Request for unknown model: '{name}' version {v} is not found"))
+            })?;
+            slot.serving.clone().ok_or_else(|| {
+                Error::unavailable(format!("Request for unknown model: '{name}' version {v} is not at ready state"))
+            })
+        }
+        None => entry.versions.values().rev().find_map(|s| s.serving.clone()).ok_or_else(|| match &entry.reason {
+            Some(reason) if entry.versions.is_empty() => {
+                Error::unavailable(format!("Request for unknown model: '{name}' is not available: {reason}"))
+            }
+            _ => Error::not_found(format!("Request for unknown model: '{name}' has no available versions")),
+        }),
+    }
+}
+
+/// Why an ensemble cannot run now: the first of its composing models (nested ensembles
+/// included) that is not ready.
+fn blocked(models: &BTreeMap<String, Entry>, v: &ModelVersion, depth: usize) -> Option<String> {
+    let ensemble = v.ensemble()?;
+    for step in &ensemble.steps {
+        match lookup(models, &step.model, step.version) {
+            Ok(inner) if depth < 8 => {
+                if let Some(reason) = blocked(models, &inner, depth + 1) {
+                    return Some(reason);
+                }
+            }
+            Ok(_) => {}
+            Err(e) => return Some(format!("composing model '{}' is not ready ({})", step.model, e.message())),
+        }
+    }
+    None
+}
+
 /// The outcome of loading one version.
 pub type VersionOutcome = std::result::Result<Arc<ModelVersion>, String>;
 
@@ -75,26 +114,14 @@ impl Registry {
         self.models.write().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The version a request should run on: the one asked for, else the highest ready one.
+    /// The version a request should run on: the one asked for, else the highest ready one. An
+    /// ensemble is ready only while every model it runs is.
     pub fn resolve(&self, name: &str, version: Option<u64>) -> Result<Arc<ModelVersion>> {
         let models = self.read();
-        let unknown = || Error::not_found(format!("Request for unknown model: '{name}' is not found"));
-        let entry = models.get(name).ok_or_else(unknown)?;
-        match version {
-            Some(v) => {
-                let slot = entry.versions.get(&v).ok_or_else(|| {
-                    Error::not_found(format!("Request for unknown model: '{name}' version {v} is not found"))
-                })?;
-                slot.serving.clone().ok_or_else(|| {
-                    Error::unavailable(format!("Request for unknown model: '{name}' version {v} is not at ready state"))
-                })
-            }
-            None => entry.versions.values().rev().find_map(|s| s.serving.clone()).ok_or_else(|| match &entry.reason {
-                Some(reason) if entry.versions.is_empty() => {
-                    Error::unavailable(format!("Request for unknown model: '{name}' is not available: {reason}"))
-                }
-                _ => Error::not_found(format!("Request for unknown model: '{name}' has no available versions")),
-            }),
+        let found = lookup(&models, name, version)?;
+        match blocked(&models, &found, 0) {
+            None => Ok(found),
+            Some(reason) => Err(Error::unavailable(format!("ensemble '{name}' is not ready: {reason}"))),
         }
     }
 
@@ -112,10 +139,16 @@ impl Registry {
         self.read().contains_key(name)
     }
 
-    /// Strict readiness: every known version ready, except models unloaded on purpose.
+    /// Strict readiness: every known version ready (ensembles with their composing models),
+    /// except models unloaded on purpose.
     pub fn all_ready(&self) -> bool {
-        self.read().values().filter(|e| !e.unloaded).all(|e| {
-            e.reason.is_none() && e.versions.values().all(|s| s.serving.is_some() && s.state == Some(State::Ready))
+        let models = self.read();
+        models.values().filter(|e| !e.unloaded).all(|e| {
+            e.reason.is_none()
+                && e.versions.values().all(|s| {
+                    s.state == Some(State::Ready)
+                        && s.serving.as_ref().is_some_and(|v| blocked(&models, v, 0).is_none())
+                })
         })
     }
 
@@ -133,12 +166,12 @@ impl Registry {
                 });
             }
             for (v, s) in &e.versions {
-                out.push(IndexEntry {
-                    name: name.clone(),
-                    version: Some(*v),
-                    state: s.state.unwrap_or(State::Unknown),
-                    reason: s.reason.clone(),
-                });
+                let waiting = s.serving.as_ref().and_then(|m| blocked(&models, m, 0));
+                let (state, reason) = match waiting {
+                    Some(why) => (State::Unavailable, why),
+                    None => (s.state.unwrap_or(State::Unknown), s.reason.clone()),
+                };
+                out.push(IndexEntry { name: name.clone(), version: Some(*v), state, reason });
             }
         }
         out
@@ -258,5 +291,13 @@ impl Registry {
     /// Records a model name that exists in a repository but is not loaded.
     pub fn know(&self, name: &str) {
         self.write().entry(name.to_string()).or_insert_with(|| Entry { unloaded: true, ..Default::default() });
+    }
+}
+
+impl crate::ensemble::Models for Registry {
+    fn schema(&self, name: &str, version: Option<u64>) -> std::result::Result<Arc<crate::model::Schema>, String> {
+        self.resolve(name, version)
+            .map(|m| Arc::clone(&m.schema))
+            .map_err(|e| format!("the composing model is not ready ({}); load it before the ensemble", e.message()))
     }
 }

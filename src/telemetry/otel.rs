@@ -82,6 +82,15 @@ pub fn queue_span(parent: &Span) -> Span {
     if parent.is_none() { Span::none() } else { tracing::info_span!(target: TARGET, parent: parent, "queue") }
 }
 
+/// One step of an ensemble, under the ensemble request's span.
+pub fn step_span(parent: &Span, step: usize, model: &str) -> Span {
+    if parent.is_none() {
+        Span::none()
+    } else {
+        tracing::info_span!(target: TARGET, parent: parent, "step", step = step, model = %model)
+    }
+}
+
 pub fn response_span(parent: &Span) -> Span {
     if parent.is_none() { Span::none() } else { tracing::info_span!(target: TARGET, parent: parent, "response") }
 }

@@ -83,16 +83,41 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
         Some(SchedulingChoice::SequenceBatching(_)) => {
             return Err("sequence_batching is not supported by ferry yet".into());
         }
-        Some(SchedulingChoice::EnsembleScheduling(_)) => {
-            return Err("ensemble_scheduling is not supported by ferry yet".into());
+        Some(SchedulingChoice::EnsembleScheduling(_)) if cfg.platform != "ensemble" => {
+            return Err(format!("ensemble_scheduling needs platform: \"ensemble\" (model '{}')", cfg.name));
         }
+        Some(SchedulingChoice::EnsembleScheduling(_)) => {}
         None => {}
+    }
+    if cfg.platform == "ensemble" {
+        check_ensemble(cfg)?;
     }
     if cfg.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
         return Err("model_transaction_policy.decoupled is not supported for ONNX models".into());
     }
     check_instances(cfg)?;
     check_warmup(cfg)
+}
+
+/// What an ensemble's config may hold (its steps are checked against the models at load).
+fn check_ensemble(cfg: &ModelConfig) -> Result<(), String> {
+    let name = &cfg.name;
+    if !cfg.backend.is_empty() {
+        return Err(format!("ensemble '{name}' must not name a backend (got '{}')", cfg.backend));
+    }
+    if !matches!(cfg.scheduling_choice, Some(SchedulingChoice::EnsembleScheduling(_))) {
+        return Err(format!("ensemble '{name}' must have ensemble_scheduling"));
+    }
+    if !cfg.instance_group.is_empty() {
+        return Err(format!("instance group should not be specified for ensemble '{name}'"));
+    }
+    if !cfg.model_warmup.is_empty() {
+        return Err(format!("model_warmup can not be specified for ensemble '{name}'"));
+    }
+    if cfg.optimization.is_some() {
+        return Err(format!("optimization should not be specified for ensemble '{name}'"));
+    }
+    Ok(())
 }
 
 /// Most instances one model version may run (each holds a runtime session and its threads).
