@@ -33,6 +33,8 @@ struct Loaded {
     /// The name it serves under (the client's TargetModel when SageMaker sent it).
     name: String,
     url: String,
+    /// The composing models an ensemble archive brought (unloaded with it).
+    parts: Vec<String>,
 }
 
 pub struct SageMakerState {
@@ -143,25 +145,50 @@ fn check_url(root: &Path, url: &str) -> Result<PathBuf, Error> {
     }
 }
 
+/// What an extracted archive holds: the model to serve, and (for an ensemble archive) the
+/// composing models beside it, by folder name.
+struct Archive {
+    model: PathBuf,
+    parts: Vec<(String, PathBuf)>,
+}
+
 /// The model folder inside an extracted archive: the url itself when it holds config.pbtxt,
-/// else its only sub-folder.
-fn model_dir(url: &Path) -> Result<PathBuf, Error> {
+/// else its only sub-folder; of several sub-folders, the one that is an ensemble (as Triton),
+/// the others being its composing models.
+fn model_dir(url: &Path) -> Result<Archive, Error> {
     if url.join(CONFIG_FILE).is_file() || !crate::repository::version_dirs(url).is_empty() {
-        return Ok(url.to_path_buf());
+        return Ok(Archive { model: url.to_path_buf(), parts: Vec::new() });
     }
-    let subdirs: Vec<PathBuf> = std::fs::read_dir(url)
+    let mut subdirs: Vec<PathBuf> = std::fs::read_dir(url)
         .map_err(|e| Error::invalid(format!("cannot read '{}': {e}", url.display())))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_dir())
         .collect();
+    subdirs.sort();
+    let is_ensemble = |d: &Path| !crate::repository::startup::ensemble_steps(d, None).is_empty();
     match subdirs.as_slice() {
-        [one] => Ok(one.clone()),
+        [one] => Ok(Archive { model: one.clone(), parts: Vec::new() }),
         [] => Err(Error::invalid(format!("'{}' holds no model (no config.pbtxt, no version folder)", url.display()))),
-        many => Err(Error::invalid(format!(
-            "'{}' holds {} folders; expected one model folder (ensembles are not supported)",
-            url.display(),
-            many.len()
-        ))),
+        many => {
+            let ensembles: Vec<&PathBuf> = many.iter().filter(|d| is_ensemble(d)).collect();
+            let [ensemble] = ensembles.as_slice() else {
+                return Err(Error::invalid(format!(
+                    "'{}' holds {} folders and {} ensembles; expected one model folder, or one ensemble with its composing models",
+                    url.display(),
+                    many.len(),
+                    ensembles.len()
+                )));
+            };
+            if many.len() > 5 {
+                tracing::warn!(url = %url.display(), folders = many.len(), "a large ensemble archive");
+            }
+            let parts = many
+                .iter()
+                .filter(|d| d != ensemble)
+                .filter_map(|d| Some((d.file_name()?.to_str()?.to_string(), d.clone())))
+                .collect();
+            Ok(Archive { model: (*ensemble).clone(), parts })
+        }
     }
 }
 
@@ -193,13 +220,31 @@ async fn load(State(s): State<Arc<SageMakerState>>, headers: HeaderMap, body: ax
         return (StatusCode::CONFLICT, axum::Json(json!({"error": format!("model '{model_name}' is already loaded")})))
             .into_response();
     }
-    let dir = match check_url(&s.settings.models_root, url).and_then(|u| model_dir(&u)) {
+    let archive = match check_url(&s.settings.models_root, url).and_then(|u| model_dir(&u)) {
         Ok(d) => d,
         Err(e) => return error_response(&e),
     };
-    match s.http.engine.repository().load_dir(&name, &dir).await {
+    let repository = s.http.engine.repository();
+    let mut parts = Vec::new();
+    let mut outcome = Ok(());
+    for (part, dir) in &archive.parts {
+        outcome = repository.load_dir(part, dir).await;
+        if outcome.is_err() {
+            break;
+        }
+        parts.push(part.clone());
+    }
+    if outcome.is_ok() {
+        outcome = repository.load_dir(&name, &archive.model).await;
+    }
+    if outcome.is_err() {
+        for part in &parts {
+            let _ = repository.unload_any(part, false).await;
+        }
+    }
+    match outcome {
         Ok(()) => {
-            s.models().insert(model_name.to_string(), Loaded { name, url: url.to_string() });
+            s.models().insert(model_name.to_string(), Loaded { name, url: url.to_string(), parts });
             StatusCode::OK.into_response()
         }
         Err(e) if out_of_memory(e.message()) => {
@@ -241,7 +286,13 @@ async fn describe(State(s): State<Arc<SageMakerState>>, UrlPath(name): UrlPath<S
 
 async fn unload(State(s): State<Arc<SageMakerState>>, UrlPath(name): UrlPath<String>) -> Response {
     let Some(loaded) = s.models().remove(&name) else { return not_loaded(&name) };
-    match s.http.engine.repository().unload_any(&loaded.name, true).await {
+    let repository = s.http.engine.repository();
+    let mut outcome = repository.unload_any(&loaded.name, true).await;
+    // An ensemble archive's composing models leave with it.
+    for part in &loaded.parts {
+        outcome = outcome.and(repository.unload_any(part, false).await);
+    }
+    match outcome {
         Ok(()) => StatusCode::OK.into_response(),
         Err(e) => error_response(&e),
     }

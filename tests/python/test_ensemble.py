@@ -212,3 +212,42 @@ def test_ensemble_with_a_config_override_over_the_load_api(fresh_repo):
         x = np.full((1, 4), 2.0, dtype=np.float32)
         r = s.client().infer("wrapped", [httpclient.InferInput("X", [1, 4], "FP32").set_data_from_numpy(x)])
         np.testing.assert_allclose(r.as_numpy("Y"), x + x)
+
+
+def test_vertex_instances_and_sagemaker_invocations_reach_an_ensemble(fresh_repo, tmp_path):
+    from platforms import request
+    from test_sagemaker import port as sm_port
+    from test_sagemaker import sagemaker
+    from test_vertex import PREDICT, vertex
+    from test_vertex import port as vx_port
+
+    pipeline_repo(fresh_repo)
+    instances = [{"IN_A": [1, 2, 3, 4], "IN_B": [2, 2, 2, 2]}]
+    with vertex(["--model-repository", fresh_repo, "--vertex-ai-default-model=pipeline"]) as s:
+        status, _, body = request(vx_port(s), "POST", PREDICT, {"instances": instances})
+        assert status == 200, body
+        pred = json.loads(body)["predictions"][0]
+        assert pred["OUT_Y"] == [5.0, 8.0, 11.0, 14.0] and pred["OUT_Z"] == [6.0, 8.0, 10.0, 12.0]
+    env = {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "pipeline"}
+    with sagemaker(fresh_repo, env=env) as s:
+        status, _, body = request(sm_port(s), "POST", "/invocations", {"instances": instances})
+        assert status == 200, body
+        assert json.loads(body)["predictions"][0]["OUT_Z"] == [6.0, 8.0, 10.0, 12.0]
+    # A multi-model endpoint archive: the ensemble beside its composing models.
+    root = tmp_path / "models"
+    archive = root / "e1" / "model"
+    pipeline_repo(str(archive))
+    env = {"SAGEMAKER_MULTI_MODEL": "true", "FERRY_SAGEMAKER_MODELS_ROOT": str(root)}
+    with sagemaker(tmp_path / "unused", env=env) as s:
+        p = sm_port(s)
+        status, _, body = request(p, "POST", "/models", {"model_name": "e1", "url": str(archive)})
+        assert status == 400 and "2 ensembles" in json.loads(body)["error"], body
+        import shutil
+        shutil.rmtree(archive / "strings")
+        status, _, body = request(p, "POST", "/models", {"model_name": "e1", "url": str(archive)})
+        assert status == 200, body
+        status, _, body = request(p, "POST", "/models/e1/invoke", {"instances": instances})
+        assert status == 200 and json.loads(body)["predictions"][0]["OUT_Y"] == [5.0, 8.0, 11.0, 14.0], body
+        assert request(p, "DELETE", "/models/e1")[0] == 200
+        status, _, body = request(p, "POST", "/models", {"model_name": "e1", "url": str(archive)})
+        assert status == 200, "the composing models left with the ensemble, so they load again"
