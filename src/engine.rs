@@ -435,3 +435,28 @@ impl StepEngine for Engine {
         Box::pin(self.infer(req))
     }
 }
+
+/// What Python models ask of the server (BLS, model control): ordinary engine calls.
+impl crate::backend::Host for Engine {
+    fn infer(&self, req: InferRequest) -> crate::backend::HostFuture<'_, InferResponse> {
+        Box::pin(Engine::infer(self, req))
+    }
+
+    fn load(
+        &self,
+        name: String,
+        config: Option<String>,
+        files: Vec<(String, Vec<u8>)>,
+    ) -> crate::backend::HostFuture<'_, ()> {
+        let req = crate::repository::control::LoadRequest { config, files };
+        Box::pin(async move { self.repository().load(&name, req).await })
+    }
+
+    fn unload(&self, name: String) -> crate::backend::HostFuture<'_, ()> {
+        Box::pin(async move { self.repository().unload(&name, false).await })
+    }
+
+    fn ready(&self, name: &str, version: Option<u64>) -> bool {
+        self.model_ready(name, version).is_ok()
+    }
+}

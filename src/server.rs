@@ -12,7 +12,7 @@ use tokio::{net::TcpListener, sync::watch, task::JoinHandle};
 
 use crate::{
     admission::Admission,
-    backend::{Backends, identity::IdentityBackend, onnx::OnnxBackend},
+    backend::{Backends, Host, HostSlot, identity::IdentityBackend, onnx::OnnxBackend, python::PythonBackend},
     cache::ResponseCache,
     config::Config,
     config::Mode,
@@ -125,7 +125,10 @@ pub async fn run(
         }
         tracing::error!("{e}; ONNX models will not load");
     }
-    let backends = Backends::new(vec![onnx, Arc::new(IdentityBackend)]);
+    // Python processes call back into the engine (BLS, model control) once it exists.
+    let host: HostSlot = Arc::default();
+    let python = PythonBackend::new(config.python.clone(), Arc::clone(&host), tokio::runtime::Handle::current());
+    let backends = Backends::new(vec![onnx, Arc::new(python), Arc::new(IdentityBackend)]);
     let registry = Arc::new(Registry::default());
     let options = LoadOptions {
         auto_complete: config.auto_complete,
@@ -161,6 +164,8 @@ pub async fn run(
         admission: Arc::clone(&admission),
     };
     let engine = Arc::new(Engine::new(services, info, config.strict_readiness, traces));
+    let as_host: Arc<dyn Host> = engine.clone();
+    let _ = host.set(Arc::downgrade(&as_host));
 
     // Listen first, load second: health answers (not ready) while models load.
     let (stop_tx, stop_rx) = watch::channel(false);

@@ -1,15 +1,22 @@
 //! The contract between the core and whatever runs a model: a backend loads instances from a
 //! model file, and an instance executes one batch at a time on its own thread.
-use std::{path::Path, sync::Arc};
+use std::{
+    future::Future,
+    path::Path,
+    pin::Pin,
+    sync::{Arc, OnceLock, Weak},
+};
 
 use crate::{
     error::{Error, Result},
     proto::inference::ModelConfig,
+    request::{InferRequest, InferResponse, Parameters},
     tensor::{DataType, Tensor},
 };
 
 pub mod identity;
 pub mod onnx;
+pub mod python;
 
 /// One input of a batch, in the shape the model sees.
 #[derive(Debug, Clone, Copy)]
@@ -50,6 +57,17 @@ pub struct InstanceSpec<'a> {
     pub device: Device,
     /// Threads this instance may use for one operator (its share of the machine's cores).
     pub intra_op_threads: usize,
+    /// Which instance of the version this is (0, 1, ...).
+    pub index: usize,
+}
+
+/// One request of a batch, for instances that take requests apart (a Python model's
+/// `execute(requests)` answers each request on its own).
+pub struct BackendRequest<'a> {
+    pub id: &'a str,
+    pub parameters: &'a Parameters,
+    pub inputs: Vec<BackendInput<'a>>,
+    pub outputs: Vec<&'a str>,
 }
 
 /// A loaded copy of a model that executes one batch at a time.
@@ -61,7 +79,31 @@ pub trait ModelInstance: Send {
     fn model_io(&self) -> Option<ModelIo> {
         None
     }
+
+    /// Whether batches reach this instance as separate requests (`execute_each`).
+    fn separate_requests(&self) -> bool {
+        false
+    }
+
+    /// Runs the requests of one batch, each answered (or failed) on its own.
+    fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Vec<Tensor>>> {
+        requests.iter().map(|r| self.execute(&r.inputs, &r.outputs)).collect()
+    }
 }
+
+pub type HostFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
+
+/// What a backend's own processes may ask of the server: inference on any model (BLS) and
+/// model control, as engine calls.
+pub trait Host: Send + Sync {
+    fn infer(&self, req: InferRequest) -> HostFuture<'_, InferResponse>;
+    fn load(&self, name: String, config: Option<String>, files: Vec<(String, Vec<u8>)>) -> HostFuture<'_, ()>;
+    fn unload(&self, name: String) -> HostFuture<'_, ()>;
+    fn ready(&self, name: &str, version: Option<u64>) -> bool;
+}
+
+/// The server, once it exists (backends are built before the engine).
+pub type HostSlot = Arc<OnceLock<Weak<dyn Host>>>;
 
 pub trait Backend: Send + Sync {
     /// The name config.pbtxt uses in `backend:`.
@@ -70,6 +112,11 @@ pub trait Backend: Send + Sync {
     fn model_io(&self, model_path: &Path) -> Result<ModelIo>;
     /// Loads one instance.
     fn load(&self, spec: &InstanceSpec<'_>) -> Result<Box<dyn ModelInstance>>;
+    /// Completes the config from the model itself when the model can say (a Python model's
+    /// `auto_complete_config`); `model_path` is the newest version's file.
+    fn auto_complete(&self, _model_path: &Path, _config: &mut ModelConfig) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// The backends this server has, found by the config's `backend` name.

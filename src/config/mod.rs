@@ -9,6 +9,7 @@ use std::{
 use clap::{ArgAction, Args, Parser, Subcommand};
 
 use crate::{
+    backend::python::PythonSettings,
     cache::CacheSettings,
     metrics::MetricsSettings,
     repository::control::ControlMode,
@@ -166,7 +167,8 @@ struct ServeArgs {
     /// Server name reported by the metadata endpoint.
     #[arg(long, env = "FERRY_ID", default_value = "ferry")]
     id: String,
-    /// Backend settings, as tritonserver: `onnxruntime,default-max-batch-size=4` (repeatable).
+    /// Backend settings, as tritonserver (repeatable): `onnxruntime,default-max-batch-size=4`,
+    /// `python,executable=<path>`, `python,stub-timeout-seconds=30`.
     #[arg(long, env = "FERRY_BACKEND_CONFIG")]
     backend_config: Vec<String>,
 }
@@ -215,6 +217,8 @@ pub struct Config {
     pub onnxruntime_library: Option<PathBuf>,
     pub server_id: String,
     pub default_max_batch_size: i32,
+    /// How Python models run (`--backend-config python,...`).
+    pub python: PythonSettings,
     pub cores: usize,
 }
 
@@ -231,16 +235,22 @@ impl Config {
             None => cli.serve,
         };
         let mut default_max_batch_size = 4;
+        let mut python = PythonSettings::default();
         for setting in &a.backend_config {
+            let number = |v: &str| {
+                v.parse::<u64>().map_err(|_| invalid(format!("--backend-config {setting}: '{v}' is not an integer")))
+            };
             match setting.split_once(',').and_then(|(b, kv)| Some((b, kv.split_once('=')?))) {
                 Some(("onnxruntime", ("default-max-batch-size", v))) => {
-                    default_max_batch_size = v
-                        .parse()
-                        .map_err(|_| invalid(format!("--backend-config {setting}: '{v}' is not an integer")))?;
+                    default_max_batch_size = number(v)?.min(i32::MAX as u64) as i32;
+                }
+                Some(("python", ("executable", v))) => python.executable = Some(PathBuf::from(v)),
+                Some(("python", ("stub-timeout-seconds", v))) => {
+                    python.stub_timeout = std::time::Duration::from_secs(number(v)?.max(1));
                 }
                 _ => {
                     return Err(invalid(format!(
-                        "--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>"
+                        "--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>, python,executable=<path> or python,stub-timeout-seconds=<n>"
                     )));
                 }
             }
@@ -265,6 +275,8 @@ impl Config {
         } else {
             None
         };
+        let storage = a.storage.resolve(&env);
+        python.envs_dir = storage.cache_dir.join("python-envs");
         let model_repositories = if a.model_repository.is_empty() {
             platform.repository.iter().cloned().collect()
         } else {
@@ -285,7 +297,7 @@ impl Config {
                 "poll" => ControlMode::Poll,
                 _ => ControlMode::None,
             },
-            storage: a.storage.resolve(&env),
+            storage,
             cache: a.cache.resolve(&env).map_err(invalid)?,
             load_models: a.load_model,
             allow_client_shm: a.allow_client_shm,
@@ -306,6 +318,7 @@ impl Config {
                 .or_else(|| std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from)),
             server_id: a.id,
             default_max_batch_size,
+            python,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             platform,
         })

@@ -63,19 +63,25 @@ pub fn fill(cfg: &mut ModelConfig, dir: &Path, dir_name: &str) -> Result<(), Str
         if cfg.default_model_filename.is_empty() {
             cfg.default_model_filename = "model.onnx".into();
         }
+    } else if cfg.backend.is_empty() && cfg.platform.is_empty() && first_version_holds(dir, "model.py") {
+        // As Triton's auto-complete: a folder with model.py is a Python model.
+        cfg.backend = "python".into();
+        cfg.default_model_filename = "model.py".into();
     } else if cfg.backend.is_empty() && cfg.platform.is_empty() {
-        return Err(format!("must specify 'platform' or 'backend' for '{}'", cfg.name));
+        return Err(format!(
+            "must specify 'platform' or 'backend' for '{}' (ferry serves backend \"onnxruntime\", backend \"python\" and platform \"ensemble\")",
+            cfg.name
+        ));
+    } else if cfg.backend == "python" && cfg.default_model_filename.is_empty() {
+        cfg.default_model_filename = "model.py".into();
     } else if cfg.default_model_filename.is_empty() && !cfg.backend.is_empty() {
         cfg.default_model_filename = format!("model.{}", cfg.backend);
     }
     Ok(())
 }
 
-/// No backend named: an ONNX file name, or `model.onnx` in the first version directory.
-fn looks_onnx(cfg: &ModelConfig, dir: &Path) -> bool {
-    if cfg.default_model_filename.ends_with(".onnx") {
-        return true;
-    }
+/// Whether the first version folder (in byte order, as Triton looks) holds `file`.
+fn first_version_holds(dir: &Path, file: &str) -> bool {
     let mut subdirs: Vec<_> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()
@@ -84,7 +90,15 @@ fn looks_onnx(cfg: &ModelConfig, dir: &Path) -> bool {
         .map(|e| e.path())
         .collect();
     subdirs.sort();
-    subdirs.first().is_some_and(|d| d.join("model.onnx").exists())
+    subdirs.first().is_some_and(|d| d.join(file).exists())
+}
+
+/// No backend named: an ONNX file name, or `model.onnx` in the first version directory.
+fn looks_onnx(cfg: &ModelConfig, dir: &Path) -> bool {
+    if cfg.default_model_filename.ends_with(".onnx") {
+        return true;
+    }
+    first_version_holds(dir, "model.onnx")
 }
 
 /// Completes missing inputs/outputs, and the batch size, from what the model file declares

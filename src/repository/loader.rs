@@ -165,9 +165,14 @@ fn prepare(
         None
     } else {
         let backend = backends.get(&cfg.backend).map_err(|e| e.to_string())?;
+        if options.auto_complete {
+            backend.auto_complete(&model_path(dir, newest, &cfg), &mut cfg).map_err(|e| e.to_string())?;
+        }
         if options.auto_complete && (cfg.input.is_empty() || cfg.output.is_empty()) {
             let io = backend.model_io(&model_path(dir, newest, &cfg)).map_err(|e| e.to_string())?;
-            config::complete(&mut cfg, &io, options.default_max_batch_size)?;
+            if !io.inputs.is_empty() || !io.outputs.is_empty() {
+                config::complete(&mut cfg, &io, options.default_max_batch_size)?;
+            }
         }
         Some(backend)
     };
@@ -217,8 +222,9 @@ fn load_version(
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(devices.len());
     let mut scalars = config::Scalars::default();
     let mut warmup: Option<Samples> = None;
-    for &device in &devices {
-        let mut instance = load_instance(&**backend, &path, &p.config, device, threads).map_err(|e| e.to_string())?;
+    for (index, &device) in devices.iter().enumerate() {
+        let mut instance =
+            load_instance(&**backend, &path, &p.config, (device, index), threads).map_err(|e| e.to_string())?;
         if instances.is_empty()
             && let Some(io) = instance.model_io()
         {
@@ -248,7 +254,7 @@ fn load_version(
         let (backend, path, config, devices) = (Arc::clone(backend), path.clone(), Arc::clone(&p.config), devices);
         Arc::new(move |i: usize| {
             let device = devices.get(i).copied().unwrap_or(Device::Cpu);
-            load_instance(&*backend, &path, &config, device, threads)
+            load_instance(&*backend, &path, &config, (device, i), threads)
         })
     };
     let scheduler = Scheduler::start(ctx, policy, instances, Some(rebuild)).map_err(|e| e.to_string())?;
@@ -295,10 +301,10 @@ fn load_instance(
     backend: &dyn Backend,
     path: &Path,
     config: &ModelConfig,
-    device: Device,
+    (device, index): (Device, usize),
     threads: usize,
 ) -> Result<Box<dyn ModelInstance>> {
-    backend.load(&InstanceSpec { model_path: path, config, device, intra_op_threads: threads })
+    backend.load(&InstanceSpec { model_path: path, config, device, intra_op_threads: threads, index })
 }
 
 /// As Triton: a KIND_GPU group puts `count` instances on each GPU it lists (GPU 0 when it lists

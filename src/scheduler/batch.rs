@@ -6,7 +6,7 @@ use bytes::Bytes;
 
 use super::{Job, ModelContext, Responder};
 use crate::{
-    backend::{BackendInput, ModelInstance},
+    backend::{BackendInput, BackendRequest, ModelInstance},
     classify::classify,
     error::{Error, Origin, Result},
     model::{Schema, TensorSpec},
@@ -35,6 +35,9 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
     let start = Instant::now();
     for job in &mut jobs {
         drop(std::mem::replace(&mut job.queue_span, tracing::Span::none()));
+    }
+    if instance.separate_requests() {
+        return run_each(instance, ctx, responder, jobs, start);
     }
     let schema = &ctx.schema;
     let rows: usize = jobs.iter().map(|j| j.req.rows).sum();
@@ -83,6 +86,100 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
     for (job, response) in replies {
         responder.send(job.seq, job.reply, response);
     }
+}
+
+/// A batch for an instance that answers each request on its own (a Python model's
+/// `execute(requests)`): no rows are gathered, and one request's error fails only that request.
+fn run_each(
+    instance: &mut dyn ModelInstance,
+    ctx: &ModelContext,
+    responder: &Responder,
+    jobs: Vec<Job>,
+    start: Instant,
+) {
+    let schema = &ctx.schema;
+    let requests: Vec<BackendRequest<'_>> = jobs
+        .iter()
+        .map(|j| BackendRequest {
+            id: &j.req.id,
+            parameters: &j.req.parameters,
+            inputs: j
+                .req
+                .inputs
+                .iter()
+                .enumerate()
+                .filter_map(|(i, t)| {
+                    let t = t.as_ref()?;
+                    let spec = &schema.inputs[i];
+                    Some(BackendInput { name: &spec.name, datatype: spec.datatype, shape: &t.shape, data: &t.data })
+                })
+                .collect(),
+            outputs: j.req.outputs.iter().map(|o| schema.outputs[o.index].name.as_str()).collect(),
+        })
+        .collect();
+    let input_done = Instant::now();
+    let compute = otel::compute_span(jobs.iter().map(|j| &j.req.span), jobs.len());
+    let results = compute.in_scope(|| instance.execute_each(&requests));
+    drop(compute);
+    drop(requests);
+    let infer_done = Instant::now();
+    let rows: usize = jobs.iter().map(|j| j.req.rows).sum();
+    let replies: Vec<_> = jobs
+        .into_iter()
+        .zip(results)
+        .map(|(job, result)| {
+            let response =
+                result.map_err(|e| e.with_origin(Origin::Backend)).and_then(|outs| respond_one(ctx, &job, outs));
+            (job, response)
+        })
+        .collect();
+    let queued: Vec<_> = replies.iter().map(|(j, _)| start.saturating_duration_since(j.enqueued)).collect();
+    let phases = PhaseTimes { input: input_done - start, infer: infer_done - input_done, output: infer_done.elapsed() };
+    ctx.stats.record_execution(rows as u64, &queued, phases);
+    for (job, response) in replies {
+        responder.send(job.seq, job.reply, response);
+    }
+}
+
+/// One request's outputs, by name, checked against the config.
+fn respond_one(ctx: &ModelContext, job: &Job, mut outs: Vec<Tensor>) -> Result<InferResponse> {
+    let schema = &ctx.schema;
+    let outputs = job
+        .req
+        .outputs
+        .iter()
+        .map(|o| {
+            let spec = &schema.outputs[o.index];
+            let at = outs.iter().position(|t| t.name == spec.name).ok_or_else(|| {
+                Error::internal(format!(
+                    "model '{}' gave no output '{}' for request '{}'",
+                    ctx.name, spec.name, job.req.id
+                ))
+            })?;
+            let mut t = outs.swap_remove(at);
+            if t.datatype != spec.datatype {
+                return Err(Error::internal(format!(
+                    "model '{}' output '{}' is {} but its config says {}",
+                    ctx.name,
+                    spec.name,
+                    t.datatype.wire(),
+                    spec.datatype.wire()
+                )));
+            }
+            t.shape = client_shape(spec, schema.batching(), &t.shape);
+            match o.classification {
+                Some(k) => classify(&t, schema.batching(), k as usize, &spec.labels),
+                None => Ok(t),
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(InferResponse {
+        model_name: ctx.name.clone(),
+        model_version: ctx.version,
+        id: job.req.id.clone(),
+        parameters: Default::default(),
+        outputs,
+    })
 }
 
 /// Schema indices of every output some request of the batch asked for, in schema order.

@@ -188,3 +188,56 @@ def scalars(repo):
     two = numpy_helper.from_array(np.array(2.0, dtype=np.float32), "two")
     graph = helper.make_graph([helper.make_node("Mul", ["r", "two"], ["d"])], "per_row", [r], [d], initializer=[two])
     save(graph, os.path.join(repo, "per_row", "1", "model.onnx"))
+
+
+def python_model(repo, name, code, config=None, version=1):
+    """A Python-backend model: `code` is its model.py; `config` its config.pbtxt (None: none)."""
+    write(os.path.join(repo, name, str(version), "model.py"), code)
+    if config is not None:
+        write(os.path.join(repo, name, "config.pbtxt"), config)
+
+
+ADD_SUB_PY = '''
+import json
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.config = json.loads(args["model_config"])
+        out = pb_utils.get_output_config_by_name(self.config, "OUTPUT0")
+        self.dtype = pb_utils.triton_string_to_numpy(out["data_type"])
+        self.args = args
+        pb_utils.Logger.log_info(f"initialized {args['model_name']} version {args['model_version']}")
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+            b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+            if (a < 0).any():
+                responses.append(pb_utils.InferenceResponse(error=pb_utils.TritonError("negative input", pb_utils.TritonError.INVALID_ARG)))
+                continue
+            if (a == 13).any():
+                raise ValueError("unlucky 13")
+            outs = [pb_utils.Tensor("OUTPUT0", (a + b).astype(self.dtype)),
+                    pb_utils.Tensor("OUTPUT1", (a - b).astype(self.dtype)),
+                    pb_utils.Tensor("BATCH", np.full((a.shape[0], 1), len(requests), dtype=np.int32)),
+                    pb_utils.Tensor("PID", np.full((a.shape[0], 1), os.getpid(), dtype=np.int64))]
+            responses.append(pb_utils.InferenceResponse(output_tensors=outs))
+        return responses
+'''
+
+
+def add_sub_config(dtype="TYPE_FP32", max_batch_size=8, extra=""):
+    return f"""
+backend: "python"
+max_batch_size: {max_batch_size}
+dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
+input [ {{ name: "INPUT0" data_type: {dtype} dims: [ 4 ] }}, {{ name: "INPUT1" data_type: {dtype} dims: [ 4 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: {dtype} dims: [ 4 ] }}, {{ name: "OUTPUT1" data_type: {dtype} dims: [ 4 ] }},
+         {{ name: "BATCH" data_type: TYPE_INT32 dims: [ 1 ] }}, {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+{extra}
+"""

@@ -93,7 +93,10 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
         check_ensemble(cfg)?;
     }
     if cfg.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
-        return Err("model_transaction_policy.decoupled is not supported for ONNX models".into());
+        return Err(format!(
+            "model '{}': decoupled models (model_transaction_policy.decoupled) are not supported by ferry yet",
+            cfg.name
+        ));
     }
     check_instances(cfg)?;
     check_warmup(cfg)

@@ -1,0 +1,186 @@
+//! What a Python process asks of ferry while it runs: BLS inference on any model (an ordinary
+//! engine call, run on the async runtime so that several `async_exec` calls overlap), model
+//! control, and log lines into ferry's log.
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use super::process::Writer;
+use crate::{
+    backend::Host,
+    error::{Error, Result},
+    request::{InferRequest, InferResponse, InputTensor, ParamValue, Parameters, RequestedOutput},
+    tensor::DataType,
+};
+
+pub enum HostCall {
+    Infer(Value, Vec<Vec<u8>>),
+    Control(Value),
+}
+
+pub fn log(model: &str, msg: &Value) {
+    let text = msg["message"].as_str().unwrap_or_default();
+    match msg["level"].as_str() {
+        Some("ERROR") => tracing::error!(model, "{text}"),
+        Some("WARN") => tracing::warn!(model, "{text}"),
+        Some("VERBOSE") => tracing::debug!(model, "{text}"),
+        _ => tracing::info!(model, "{text}"),
+    }
+}
+
+pub fn param_json(v: &ParamValue) -> Value {
+    match v {
+        ParamValue::Bool(b) => json!(b),
+        ParamValue::Int(i) => json!(i),
+        ParamValue::Uint(u) => json!(u),
+        ParamValue::Double(d) => json!(d),
+        ParamValue::String(s) => json!(s),
+    }
+}
+
+fn params_of(v: &Value) -> Parameters {
+    v.as_object()
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, v)| {
+            let p = match v {
+                Value::Bool(b) => ParamValue::Bool(*b),
+                Value::String(s) => ParamValue::String(s.clone()),
+                Value::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                    (Some(i), _, _) => ParamValue::Int(i),
+                    (None, Some(u), _) => ParamValue::Uint(u),
+                    (_, _, Some(f)) => ParamValue::Double(f),
+                    _ => return None,
+                },
+                _ => return None,
+            };
+            Some((k.clone(), p))
+        })
+        .collect()
+}
+
+/// The engine request a BLS call describes.
+fn bls_request(msg: &Value, blobs: Vec<Vec<u8>>) -> Result<InferRequest> {
+    let r = &msg["request"];
+    let inputs = r["inputs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .zip(blobs)
+        .map(|(t, data)| {
+            let datatype = DataType::from_wire(t["datatype"].as_str().unwrap_or_default())
+                .ok_or_else(|| Error::invalid(format!("BLS input '{}' has an unknown datatype", t["name"])))?;
+            Ok(InputTensor {
+                name: t["name"].as_str().unwrap_or_default().to_string(),
+                datatype,
+                shape: t["shape"].as_array().into_iter().flatten().filter_map(Value::as_i64).collect(),
+                data: Bytes::from(data),
+            })
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let mut parameters = params_of(&r["parameters"]);
+    if let Some(t) = r["timeout"].as_u64().filter(|&t| t > 0) {
+        parameters.insert("timeout".into(), ParamValue::Uint(t));
+    }
+    Ok(InferRequest {
+        model_name: r["model_name"].as_str().unwrap_or_default().to_string(),
+        model_version: r["model_version"].as_i64().filter(|&v| v >= 0).map(|v| v as u64),
+        id: r["id"].as_str().unwrap_or_default().to_string(),
+        parameters,
+        inputs,
+        outputs: r["requested_output_names"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .map(|n| RequestedOutput { name: n.to_string(), ..Default::default() })
+            .collect(),
+        trace_parent: None,
+    })
+}
+
+fn error_json(e: &Error) -> Value {
+    let code = match e.kind() {
+        crate::error::ErrorKind::NotFound => 2,
+        crate::error::ErrorKind::InvalidArgument => 3,
+        crate::error::ErrorKind::Unavailable | crate::error::ErrorKind::Overloaded => 4,
+        crate::error::ErrorKind::Unsupported => 5,
+        crate::error::ErrorKind::AlreadyExists => 6,
+        crate::error::ErrorKind::Cancelled => 7,
+        _ => 1,
+    };
+    json!({"message": e.message(), "code": code})
+}
+
+fn infer_reply(seq: &Value, outcome: Result<InferResponse>, writer: &Writer) {
+    let sent = match outcome {
+        Ok(resp) => {
+            let meta: Vec<Value> = resp
+                .outputs
+                .iter()
+                .map(|t| json!({"name": t.name, "datatype": t.datatype.wire(), "shape": t.shape}))
+                .collect();
+            let parameters: serde_json::Map<String, Value> =
+                resp.parameters.iter().map(|(k, v)| (k.clone(), param_json(v))).collect();
+            let blobs: Vec<&[u8]> = resp.outputs.iter().map(|t| &t.data[..]).collect();
+            writer.send(&json!({"op": "infer_result", "seq": seq, "outputs": meta, "parameters": parameters}), &blobs)
+        }
+        Err(e) => writer.send(&json!({"op": "infer_result", "seq": seq, "error": error_json(&e)}), &[]),
+    };
+    if let Err(e) = sent {
+        tracing::debug!(error = %e, "cannot answer a BLS call (the process is gone)");
+    }
+}
+
+/// Runs a call on the runtime and answers the process when it is done.
+pub fn serve(call: HostCall, host: Option<Arc<dyn Host>>, runtime: &tokio::runtime::Handle, writer: Writer) {
+    runtime.spawn(async move {
+        let Some(host) = host else {
+            let e = Error::unavailable("the server is not running");
+            let _ = writer.send(&json!({"op": "infer_result", "seq": Value::Null, "error": error_json(&e)}), &[]);
+            return;
+        };
+        match call {
+            HostCall::Infer(msg, blobs) => {
+                let outcome = match bls_request(&msg, blobs) {
+                    Ok(req) => host.infer(req).await,
+                    Err(e) => Err(e),
+                };
+                infer_reply(&msg["seq"], outcome, &writer);
+            }
+            HostCall::Control(msg) => {
+                let name = msg["model_name"].as_str().unwrap_or_default().to_string();
+                let outcome: Result<Value> = match msg["op"].as_str() {
+                    Some("load_model") => {
+                        let config = msg["config"].as_str().filter(|c| !c.is_empty()).map(str::to_string);
+                        let files = msg["files"]
+                            .as_object()
+                            .into_iter()
+                            .flatten()
+                            .map(|(k, v)| {
+                                let bytes =
+                                    v.as_array().into_iter().flatten().filter_map(|b| b.as_u64()).map(|b| b as u8);
+                                (k.trim_start_matches("file:").to_string(), bytes.collect())
+                            })
+                            .collect();
+                        host.load(name, config, files).await.map(|()| json!({}))
+                    }
+                    Some("unload_model") => host.unload(name).await.map(|()| json!({})),
+                    Some("is_model_ready") => {
+                        let version = msg["model_version"].as_str().and_then(|v| v.parse().ok());
+                        Ok(json!({"ready": host.ready(&name, version)}))
+                    }
+                    other => Err(Error::invalid(format!("unknown model control call {other:?}"))),
+                };
+                let mut reply = match outcome {
+                    Ok(v) => v,
+                    Err(e) => json!({"error": e.message()}),
+                };
+                reply["op"] = json!("control_result");
+                reply["seq"] = msg["seq"].clone();
+                let _ = writer.send(&reply, &[]);
+            }
+        }
+    });
+}

@@ -1,0 +1,207 @@
+//! The Python backend: Triton's Python models (`<version>/model.py` defining `TritonPythonModel`)
+//! run unchanged, each instance in its own Python process started by ferry (`stub.py`, with the
+//! `triton_python_backend_utils` module of `pb_utils.py`), so a crash, a leak or the GIL of one
+//! model never touches the server or another instance. ferry does not link libpython: any
+//! Python >= 3.9 with numpy will do. Which Python: the model's `EXECUTION_ENV_PATH` parameter (a
+//! folder holding `bin/python3`, or a conda-pack archive unpacked once into the model cache),
+//! else `--backend-config python,executable=<path>`, else `python3` on PATH.
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, OnceLock, atomic::AtomicU64},
+    time::Duration,
+};
+
+use serde_json::json;
+
+use crate::{
+    backend::{Backend, Device, HostSlot, InstanceSpec, ModelInstance, ModelIo},
+    error::{Error, Result},
+    proto::inference::ModelConfig,
+    repository::pbtxt,
+};
+
+mod bls;
+mod env;
+mod instance;
+mod process;
+
+use process::Process;
+
+const STUB: &str = include_str!("stub.py");
+const PB_UTILS: &str = include_str!("pb_utils.py");
+
+/// `--backend-config python,...`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PythonSettings {
+    /// `executable=<path>`: the Python to run models with (default `python3` on PATH).
+    pub executable: Option<PathBuf>,
+    /// `stub-timeout-seconds=<n>` (Triton's key): how long start-up and `initialize` may take.
+    pub stub_timeout: Duration,
+    /// Where EXECUTION_ENV_PATH archives are unpacked (the model cache).
+    pub envs_dir: PathBuf,
+}
+
+impl Default for PythonSettings {
+    fn default() -> Self {
+        PythonSettings {
+            executable: None,
+            stub_timeout: Duration::from_secs(30),
+            envs_dir: std::env::temp_dir().join("ferry-python-envs"),
+        }
+    }
+}
+
+pub struct PythonBackend {
+    settings: PythonSettings,
+    host: HostSlot,
+    runtime: tokio::runtime::Handle,
+    /// The stub's files, written once into a private folder.
+    stub: OnceLock<std::result::Result<tempfile::TempDir, String>>,
+    restarts: Arc<AtomicU64>,
+}
+
+/// How to start (and restart) the processes of one instance.
+pub(crate) struct Launch {
+    model: String,
+    version: String,
+    model_dir: PathBuf,
+    model_path: PathBuf,
+    python: PathBuf,
+    stub_dir: PathBuf,
+    config_json: String,
+    device: Device,
+    timeout: Duration,
+    host: HostSlot,
+    runtime: tokio::runtime::Handle,
+    restarts: Arc<AtomicU64>,
+}
+
+impl Launch {
+    /// A new process with the model initialized in it.
+    fn spawn(&self, index: usize) -> Result<Process> {
+        let mut p = Process::start(&self.python, &self.stub_dir, &self.model, &self.model_dir, self.timeout)?;
+        let (kind, device_id) = match self.device {
+            Device::Gpu(id) => ("GPU", id),
+            Device::Cpu => ("CPU", 0),
+        };
+        let args = json!({
+            "model_config": self.config_json,
+            "model_instance_kind": kind,
+            "model_instance_name": format!("{}_{index}", self.model),
+            "model_instance_device_id": device_id.to_string(),
+            "model_repository": self.model_dir.display().to_string(),
+            "model_version": self.version,
+            "model_name": self.model,
+        });
+        let msg = json!({"op": "initialize", "model_path": self.model_path.display().to_string(), "args": args});
+        self.request(&mut p, &msg, "initialize")?;
+        Ok(p)
+    }
+
+    /// Sends one control message and waits (up to the stub timeout) for its reply.
+    fn request(&self, p: &mut Process, msg: &serde_json::Value, what: &str) -> Result<serde_json::Value> {
+        let fail = |e: String| Error::unavailable(format!("model '{}': {what} failed: {e}", self.model));
+        p.writer.send(msg, &[]).map_err(|e| fail(e.to_string()))?;
+        p.set_timeout(Some(self.timeout));
+        let reply = loop {
+            match p.recv() {
+                Ok((m, _)) if m["op"] == "log" => bls::log(&self.model, &m),
+                Ok((m, _)) if m["op"] == "done" => break m,
+                Ok((m, _)) => tracing::warn!(model = %self.model, op = %m["op"], "unexpected message during {what}"),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                    return Err(fail(format!("no answer within {} s", self.timeout.as_secs())));
+                }
+                Err(e) => return Err(fail(format!("{e}; the process {}", p.death()))),
+            }
+        };
+        p.set_timeout(None);
+        match reply["error"].as_str() {
+            Some(e) => {
+                tracing::debug!(model = %self.model, trace = reply["trace"].as_str().unwrap_or_default(), "{what} raised");
+                Err(fail(e.to_string()))
+            }
+            None => Ok(reply),
+        }
+    }
+
+    fn host_call(&self, call: bls::HostCall, writer: process::Writer) {
+        bls::serve(call, self.host.get().and_then(std::sync::Weak::upgrade), &self.runtime, writer);
+    }
+}
+
+impl PythonBackend {
+    pub fn new(settings: PythonSettings, host: HostSlot, runtime: tokio::runtime::Handle) -> Self {
+        PythonBackend { settings, host, runtime, stub: OnceLock::new(), restarts: Arc::default() }
+    }
+
+    /// Python processes started again after one died, since the server started.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn stub_dir(&self) -> Result<PathBuf> {
+        let dir = self.stub.get_or_init(|| {
+            let dir = tempfile::Builder::new().prefix("ferry-python-").tempdir().map_err(|e| e.to_string())?;
+            std::fs::write(dir.path().join("ferry_stub.py"), STUB).map_err(|e| e.to_string())?;
+            std::fs::write(dir.path().join("triton_python_backend_utils.py"), PB_UTILS).map_err(|e| e.to_string())?;
+            Ok(dir)
+        });
+        dir.as_ref()
+            .map(|d| d.path().to_path_buf())
+            .map_err(|e| Error::internal(format!("cannot write the Python stub: {e}")))
+    }
+
+    fn launch(&self, model_path: &Path, config: &ModelConfig, device: Device) -> Result<Launch> {
+        let version_dir = model_path.parent().unwrap_or(Path::new("."));
+        let model_dir = version_dir.parent().unwrap_or(Path::new(".")).to_path_buf();
+        if !model_path.is_file() {
+            return Err(Error::invalid(format!("model file '{}' does not exist", model_path.display())));
+        }
+        Ok(Launch {
+            model: config.name.clone(),
+            version: version_dir.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default(),
+            python: env::python_for(&self.settings, config, &model_dir)?,
+            stub_dir: self.stub_dir()?,
+            model_path: model_path.to_path_buf(),
+            model_dir,
+            config_json: pbtxt::to_json(config).to_string(),
+            device,
+            timeout: self.settings.stub_timeout,
+            host: Arc::clone(&self.host),
+            runtime: self.runtime.clone(),
+            restarts: Arc::clone(&self.restarts),
+        })
+    }
+}
+
+impl Backend for PythonBackend {
+    fn name(&self) -> &'static str {
+        "python"
+    }
+
+    /// A Python model declares nothing ferry could check its config against.
+    fn model_io(&self, _model_path: &Path) -> Result<ModelIo> {
+        Ok(ModelIo::default())
+    }
+
+    fn load(&self, spec: &InstanceSpec<'_>) -> Result<Box<dyn ModelInstance>> {
+        let launch = Arc::new(self.launch(spec.model_path, spec.config, spec.device)?);
+        Ok(Box::new(instance::PythonInstance::start(launch, spec.index)?))
+    }
+
+    /// Runs the model's static `auto_complete_config` (when it has one) in a short-lived process.
+    fn auto_complete(&self, model_path: &Path, config: &mut ModelConfig) -> Result<()> {
+        let launch = self.launch(model_path, config, Device::Cpu)?;
+        let mut p = Process::start(&launch.python, &launch.stub_dir, &launch.model, &launch.model_dir, launch.timeout)?;
+        let msg = json!({
+            "op": "auto_complete",
+            "model_path": model_path.display().to_string(),
+            "config": pbtxt::to_json(config),
+        });
+        let reply = launch.request(&mut p, &msg, "auto_complete_config")?;
+        let completed = pbtxt::from_json(&reply["config"].to_string())
+            .map_err(|e| Error::invalid(format!("auto_complete_config of model '{}' returned {e}", config.name)))?;
+        *config = completed;
+        Ok(())
+    }
+}

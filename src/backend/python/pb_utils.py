@@ -1,0 +1,285 @@
+"""triton_python_backend_utils as ferry provides it: Triton's Python-model API (tensors, requests,
+responses, errors, logging, BLS and model control), talking to ferry through the stub's channel.
+Written for ferry from Triton's documented API; any Python >= 3.9 with numpy."""
+import json
+import struct
+import threading
+
+import numpy as np
+
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+
+_NP = {
+    "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
+    "INT8": np.int8, "INT16": np.int16, "INT32": np.int32, "INT64": np.int64,
+    "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_,
+}
+_CHANNEL = None  # set by the stub: sends messages to ferry and waits for replies
+
+
+def triton_string_to_numpy(triton_type):
+    name = triton_type[5:] if triton_type.startswith("TYPE_") else triton_type
+    if name == "STRING":
+        name = "BYTES"
+    return _NP[name]
+
+
+def numpy_to_triton_type(dtype):
+    dtype = np.dtype(dtype)
+    if dtype.kind in ("O", "S", "U"):
+        return "BYTES"
+    for k, v in _NP.items():
+        if v is not np.object_ and np.dtype(v) == dtype:
+            return k
+    raise TritonModelException(f"numpy dtype {dtype} has no Triton datatype")
+
+
+def serialize_byte_tensor(array):
+    out = bytearray()
+    for item in np.asarray(array, dtype=np.object_).reshape(-1):
+        b = item if isinstance(item, bytes) else str(item).encode() if not isinstance(item, (bytearray, memoryview)) else bytes(item)
+        out += struct.pack("<I", len(b))
+        out += b
+    return bytes(out)
+
+
+def deserialize_bytes_tensor(buf, count=None):
+    items, pos, view = [], 0, memoryview(buf)
+    while pos < len(view) and (count is None or len(items) < count):
+        (n,) = struct.unpack_from("<I", view, pos)
+        items.append(bytes(view[pos + 4:pos + 4 + n]))
+        pos += 4 + n
+    return np.array(items, dtype=np.object_)
+
+
+class TritonError(Exception):
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
+    _NAMES = ["UNKNOWN", "INTERNAL", "NOT_FOUND", "INVALID_ARG", "UNAVAILABLE", "UNSUPPORTED", "ALREADY_EXISTS",
+              "CANCELLED"]
+
+    def __init__(self, message, code=INTERNAL):
+        super().__init__(message)
+        self._message, self._code = str(message), code
+
+    def message(self):
+        return self._message
+
+    def code(self):
+        return self._code
+
+
+class TritonModelException(Exception):
+    pass
+
+
+class Tensor:
+    def __init__(self, name, array, dtype=None):
+        self._name = name
+        if dtype is not None:
+            array = np.asarray(array, dtype=triton_string_to_numpy(dtype))
+        if not isinstance(array, np.ndarray):
+            array = np.asarray(array)
+        if array.dtype.kind in ("S", "U"):
+            array = np.array([x.encode() if isinstance(x, str) else bytes(x) for x in array.reshape(-1)],
+                             dtype=np.object_).reshape(array.shape)
+        self._array = array
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._array
+
+    def triton_dtype(self):
+        return numpy_to_triton_type(self._array.dtype)
+
+    def shape(self):
+        return list(self._array.shape)
+
+    def is_cpu(self):
+        return True
+
+    def to_dlpack(self):
+        return self._array.__dlpack__()
+
+    @staticmethod
+    def from_dlpack(name, capsule):
+        return Tensor(name, np.from_dlpack(capsule))
+
+    def __repr__(self):
+        return f"Tensor({self._name!r}, {self._array!r})"
+
+
+def get_input_tensor_by_name(request, name):
+    return next((t for t in request.inputs() if t.name() == name), None)
+
+
+def get_output_tensor_by_name(response, name):
+    return next((t for t in response.output_tensors() if t.name() == name), None)
+
+
+def get_input_config_by_name(model_config, name):
+    return next((i for i in model_config.get("input", []) if i["name"] == name), None)
+
+
+def get_output_config_by_name(model_config, name):
+    return next((o for o in model_config.get("output", []) if o["name"] == name), None)
+
+
+class InferenceResponse:
+    def __init__(self, output_tensors=None, error=None, parameters=None):
+        self._outputs = list(output_tensors or [])
+        self._error = error
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+
+    def output_tensors(self):
+        return self._outputs
+
+    def has_error(self):
+        return self._error is not None
+
+    def error(self):
+        return self._error
+
+    def parameters(self):
+        return self._parameters
+
+
+class InferenceRequest:
+    """A request ferry handed to `execute`, or a BLS request the model builds and runs."""
+
+    def __init__(self, model_name="", requested_output_names=None, inputs=None, model_version=-1,
+                 parameters=None, timeout=0, request_id="", correlation_id=0, flags=0, preferred_memory=None,
+                 trace=None, **_):
+        self._model_name, self._version, self._timeout = model_name, model_version, timeout
+        self._outputs = list(requested_output_names or [])
+        self._inputs = list(inputs or [])
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+        self._id, self._correlation_id, self._flags = request_id, correlation_id, flags
+        self._cancelled = threading.Event()
+
+    def inputs(self):
+        return self._inputs
+
+    def requested_output_names(self):
+        return self._outputs
+
+    def request_id(self):
+        return self._id
+
+    def correlation_id(self):
+        return self._correlation_id
+
+    def parameters(self):
+        return self._parameters
+
+    def flags(self):
+        return self._flags
+
+    def model_name(self):
+        return self._model_name
+
+    def timeout(self):
+        return self._timeout
+
+    def is_cancelled(self):
+        return self._cancelled.is_set()
+
+    def _message(self):
+        return {"model_name": self._model_name, "model_version": int(self._version), "id": self._id,
+                "requested_output_names": self._outputs, "parameters": json.loads(self._parameters or "{}"),
+                "timeout": int(self._timeout or 0)}
+
+    def exec(self, decoupled=False):
+        """BLS: runs the request on another model of this server and waits for its response."""
+        return _CHANNEL.infer(self._message(), self._inputs)
+
+    def async_exec(self, decoupled=False):
+        """BLS: an awaitable of the response (run it inside `async def execute`)."""
+        import asyncio
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def done(response):
+            loop.call_soon_threadsafe(future.set_result, response)
+
+        _CHANNEL.infer_async(self._message(), self._inputs, done)
+        return future
+
+
+class Logger:
+    @staticmethod
+    def log(message, level="INFO"):
+        _CHANNEL.log(level, str(message))
+
+    @staticmethod
+    def log_info(message):
+        _CHANNEL.log("INFO", str(message))
+
+    @staticmethod
+    def log_warn(message):
+        _CHANNEL.log("WARN", str(message))
+
+    @staticmethod
+    def log_error(message):
+        _CHANNEL.log("ERROR", str(message))
+
+    @staticmethod
+    def log_verbose(message):
+        _CHANNEL.log("VERBOSE", str(message))
+
+
+class ModelConfig:
+    """What `auto_complete_config` receives and returns."""
+
+    def __init__(self, config):
+        self._config = config
+
+    def as_dict(self):
+        return self._config
+
+    def _add(self, key, tensor):
+        for name in ("name", "data_type", "dims"):
+            if name not in tensor:
+                raise TritonModelException(f"{key} '{tensor.get('name', '')}' needs '{name}'")
+        items = self._config.setdefault(key, [])
+        existing = next((i for i in items if i["name"] == tensor["name"]), None)
+        if existing is not None:
+            if existing.get("data_type", tensor["data_type"]) != tensor["data_type"] or \
+                    list(existing.get("dims", tensor["dims"])) != list(tensor["dims"]):
+                raise TritonModelException(f"{key} '{tensor['name']}' is already in the config with another type or dims")
+            return
+        items.append(dict(tensor))
+
+    def add_input(self, input):
+        self._add("input", input)
+
+    def add_output(self, output):
+        self._add("output", output)
+
+    def set_max_batch_size(self, max_batch_size):
+        self._config["max_batch_size"] = int(max_batch_size)
+
+    def set_dynamic_batching(self):
+        if "sequence_batching" not in self._config:
+            self._config.setdefault("dynamic_batching", {})
+
+    def set_model_transaction_policy(self, transaction_policy_dict):
+        self._config["model_transaction_policy"] = dict(transaction_policy_dict)
+
+    def add_model_warmup(self, model_warmup):
+        self._config.setdefault("model_warmup", []).append(model_warmup)
+
+
+def load_model(model_name, config="", files=None):
+    _CHANNEL.control({"op": "load_model", "model_name": model_name, "config": config,
+                      "files": {k: list(v) for k, v in (files or {}).items()}})
+
+
+def unload_model(model_name, unload_dependents=False):
+    _CHANNEL.control({"op": "unload_model", "model_name": model_name, "unload_dependents": unload_dependents})
+
+
+def is_model_ready(model_name, model_version=""):
+    return bool(_CHANNEL.control({"op": "is_model_ready", "model_name": model_name,
+                                  "model_version": str(model_version)}).get("ready"))

@@ -1,0 +1,189 @@
+//! One Python process and its channel: started with the stub, connected over a Unix socket,
+//! messages framed as length-prefixed JSON followed by binary blobs (the stub's `Channel`); its
+//! stdout and stderr lines go to ferry's log under the model's name.
+use std::{
+    collections::VecDeque,
+    io::{BufRead, BufReader, Read, Write},
+    os::unix::net::{UnixListener, UnixStream},
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+use crate::error::{Error, Result};
+
+/// Most bytes one message may carry (a framing error must not allocate without bound).
+const MAX_MESSAGE: u64 = 4 << 30;
+
+/// A message: its JSON part and its blobs.
+pub type Message = (Value, Vec<Vec<u8>>);
+
+/// The writing half, shared by the instance thread and BLS replies.
+#[derive(Clone)]
+pub struct Writer(Arc<Mutex<UnixStream>>);
+
+impl Writer {
+    pub fn send(&self, msg: &Value, blobs: &[&[u8]]) -> std::io::Result<()> {
+        let body = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+        let mut out = Vec::with_capacity(8 + body.len());
+        out.extend((body.len() as u32).to_le_bytes());
+        out.extend(&body);
+        out.extend((blobs.len() as u32).to_le_bytes());
+        let mut s = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        s.write_all(&out)?;
+        for b in blobs {
+            s.write_all(&(b.len() as u64).to_le_bytes())?;
+            s.write_all(b)?;
+        }
+        s.flush()
+    }
+}
+
+pub struct Process {
+    child: Child,
+    reader: UnixStream,
+    pub writer: Writer,
+    /// The last lines it wrote to stderr, for errors that say why it died.
+    stderr_tail: Arc<Mutex<VecDeque<String>>>,
+}
+
+fn read_exact(r: &mut impl Read, n: usize) -> std::io::Result<Vec<u8>> {
+    let mut buf = vec![0u8; n];
+    r.read_exact(&mut buf)?;
+    Ok(buf)
+}
+
+fn forward_lines(stream: impl Read + Send + 'static, model: String, tail: Option<Arc<Mutex<VecDeque<String>>>>) {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(|l| l.ok()) {
+            tracing::info!(model = %model, "python: {line}");
+            if let Some(tail) = &tail {
+                let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
+                if t.len() == 20 {
+                    t.pop_front();
+                }
+                t.push_back(line);
+            }
+        }
+    });
+}
+
+impl Process {
+    /// Starts `python stub.py <socket>` and waits (up to `timeout`) for it to connect.
+    pub fn start(python: &Path, stub_dir: &Path, model: &str, workdir: &Path, timeout: Duration) -> Result<Process> {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let socket: PathBuf = stub_dir.join(format!("s-{n}.sock"));
+        let _ = std::fs::remove_file(&socket);
+        let listener =
+            UnixListener::bind(&socket).map_err(|e| Error::internal(format!("cannot create a socket: {e}")))?;
+        listener.set_nonblocking(true).map_err(|e| Error::internal(e.to_string()))?;
+        let python_path = match std::env::var_os("PYTHONPATH") {
+            Some(p) if !p.is_empty() => {
+                let mut v = stub_dir.as_os_str().to_os_string();
+                v.push(":");
+                v.push(p);
+                v
+            }
+            _ => stub_dir.as_os_str().to_os_string(),
+        };
+        let mut child = Command::new(python)
+            .arg("-u")
+            .arg(stub_dir.join("ferry_stub.py"))
+            .arg(&socket)
+            .env("PYTHONPATH", python_path)
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .current_dir(workdir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| Error::unavailable(format!("cannot start '{}' for model '{model}': {e}", python.display())))?;
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        if let Some(out) = child.stdout.take() {
+            forward_lines(out, model.to_string(), None);
+        }
+        if let Some(err) = child.stderr.take() {
+            forward_lines(err, model.to_string(), Some(Arc::clone(&tail)));
+        }
+        let started = Instant::now();
+        let stream = loop {
+            match listener.accept() {
+                Ok((s, _)) => break s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(Error::internal(format!("python process for model '{model}': {e}"))),
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                std::thread::sleep(Duration::from_millis(50));
+                let why = tail.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect::<Vec<_>>().join("\n");
+                return Err(Error::unavailable(format!(
+                    "the Python process for model '{model}' ({}) exited with {status} before connecting: {why}",
+                    python.display()
+                )));
+            }
+            if started.elapsed() > timeout {
+                let _ = child.kill();
+                return Err(Error::unavailable(format!(
+                    "the Python process for model '{model}' did not start within {} s",
+                    timeout.as_secs()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        let _ = std::fs::remove_file(&socket);
+        stream.set_nonblocking(false).map_err(|e| Error::internal(e.to_string()))?;
+        let writer = Writer(Arc::new(Mutex::new(stream.try_clone().map_err(|e| Error::internal(e.to_string()))?)));
+        Ok(Process { child, reader: stream, writer, stderr_tail: tail })
+    }
+
+    pub fn set_timeout(&self, t: Option<Duration>) {
+        let _ = self.reader.set_read_timeout(t);
+    }
+
+    /// The next message from the process.
+    pub fn recv(&mut self) -> std::io::Result<Message> {
+        let r = &mut self.reader;
+        let n = u32::from_le_bytes(read_exact(r, 4)?.try_into().unwrap_or_default()) as u64;
+        if n > MAX_MESSAGE {
+            return Err(std::io::Error::other(format!("a message of {n} bytes")));
+        }
+        let msg: Value = serde_json::from_slice(&read_exact(r, n as usize)?).map_err(std::io::Error::other)?;
+        let count = u32::from_le_bytes(read_exact(r, 4)?.try_into().unwrap_or_default());
+        let mut blobs = Vec::with_capacity(count.min(1024) as usize);
+        for _ in 0..count {
+            let len = u64::from_le_bytes(read_exact(r, 8)?.try_into().unwrap_or_default());
+            if len > MAX_MESSAGE {
+                return Err(std::io::Error::other(format!("a blob of {len} bytes")));
+            }
+            blobs.push(read_exact(r, len as usize)?);
+        }
+        Ok((msg, blobs))
+    }
+
+    /// Why the process is gone (its exit status and last stderr lines), once it is.
+    pub fn death(&mut self) -> String {
+        let status = match self.child.try_wait() {
+            Ok(Some(s)) => s.to_string(),
+            _ => {
+                let _ = self.child.kill();
+                self.child.wait().map_or("killed".into(), |s| s.to_string())
+            }
+        };
+        let tail = self.stderr_tail.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect::<Vec<_>>();
+        if tail.is_empty() { status } else { format!("{status}; it last said: {}", tail.join(" | ")) }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
