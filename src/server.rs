@@ -370,5 +370,9 @@ fn repositories(config: &Config) -> Result<(Vec<String>, Option<tempfile::TempDi
         .map_err(|e| format!("cannot create a folder for the example repository: {e}"))?;
     let files = embedded::extract(dir.path()).map_err(|e| format!("cannot write the example repository: {e}"))?;
     tracing::info!(folder = %dir.path().display(), files, "no --model-repository given: serving the embedded example repository");
+    if let Err(why) = crate::backend::python::default_python_usable(&config.python) {
+        let skipped = embedded::drop_python_examples(dir.path());
+        tracing::info!(skipped = %skipped.join(", "), "the Python examples are not served: {why}");
+    }
     Ok((as_strings(vec![dir.path().to_path_buf()]), Some(dir)))
 }

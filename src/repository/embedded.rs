@@ -18,6 +18,21 @@ pub fn extract(dir: &Path) -> std::io::Result<usize> {
     Ok(files::FILES.len())
 }
 
+/// Removes the example models that need Python (Python models, and the ensembles that run
+/// them) from an extracted repository; returns their names.
+pub fn drop_python_examples(dir: &Path) -> Vec<String> {
+    let mut dropped = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let config = std::fs::read_to_string(entry.path().join("config.pbtxt")).unwrap_or_default();
+        if config.contains("backend: \"python\"") || config.contains("platform: \"ensemble\"") {
+            let _ = std::fs::remove_dir_all(entry.path());
+            dropped.push(entry.file_name().to_string_lossy().to_string());
+        }
+    }
+    dropped.sort();
+    dropped
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

@@ -232,3 +232,27 @@ def test_execution_env_path_and_a_failing_initialize(fresh_repo):
         assert index["broken"]["state"] == "UNAVAILABLE"
         assert "RuntimeError: the weights are missing" in index["broken"]["reason"], index["broken"]
         assert "EXECUTION_ENV_PATH" in index["no_env"]["reason"], index["no_env"]
+
+
+def test_the_embedded_pipeline_example_serves_or_is_skipped_with_one_line():
+    from conftest import EXAMPLES
+
+    text = np.array([[b"I love this"], [b"terrible, awful"]], dtype=np.object_)
+    with Server([]) as s:
+        r = s.client().infer("text_classifier", [httpclient.InferInput("TEXT", [2, 1], "BYTES").set_data_from_numpy(text)])
+        scope = {}
+        code = open(os.path.join(EXAMPLES, "text_classifier_pre", "1", "model.py")).read()
+        exec(code.replace("import triton_python_backend_utils as pb_utils", ""), scope)
+        import onnxruntime as ort
+        session = ort.InferenceSession(os.path.join(EXAMPLES, "text_classifier_onnx", "1", "model.onnx"))
+        logits = session.run(None, {"FEATURES": np.stack([scope["features"](t[0]) for t in text])})[0]
+        probs = np.exp(logits) / np.exp(logits).sum(axis=1, keepdims=True)
+        np.testing.assert_allclose(r.as_numpy("SCORE").reshape(-1), probs.max(axis=1), rtol=1e-5)
+        labels = np.array([b"negative", b"neutral", b"positive"])[probs.argmax(axis=1)]
+        assert r.as_numpy("LABEL").reshape(-1).tolist() == labels.tolist()
+    with Server(["--backend-config", "python,executable=/nonexistent/python3"]) as s:
+        assert s.client().is_model_ready("simple")
+        lines = [line for line in s.log().splitlines() if "Python examples are not served" in line]
+        assert len(lines) == 1 and "text_classifier" in lines[0], s.log()
+        index = [m["name"] for m in s.client().get_model_repository_index()]
+        assert "text_classifier" not in index and "simple" in index

@@ -129,6 +129,23 @@ impl Launch {
     }
 }
 
+/// Whether the default Python (`--backend-config python,executable=`, else `python3`) runs and
+/// has numpy; the reason when not.
+pub fn default_python_usable(settings: &PythonSettings) -> std::result::Result<(), String> {
+    let python = settings.executable.clone().unwrap_or_else(|| PathBuf::from("python3"));
+    let out = std::process::Command::new(&python)
+        .args(["-c", "import sys, numpy; assert sys.version_info >= (3, 9)"])
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| format!("cannot run '{}': {e}", python.display()))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        let err = String::from_utf8_lossy(&out.stderr);
+        Err(format!("'{}' has no numpy or is older than 3.9 ({})", python.display(), err.lines().last().unwrap_or("")))
+    }
+}
+
 impl PythonBackend {
     pub fn new(settings: PythonSettings, host: HostSlot, runtime: tokio::runtime::Handle) -> Self {
         PythonBackend { settings, host, runtime, stub: OnceLock::new(), restarts: Arc::default() }
