@@ -53,9 +53,14 @@ impl Listen {
         tokio::spawn(net::serve_http(listener, app, limits, admission, stop))
     }
 
-    fn grpc(&self, listener: TcpListener, engine: Arc<Engine>) -> JoinHandle<Result<(), String>> {
+    fn grpc(
+        &self,
+        listener: TcpListener,
+        engine: Arc<Engine>,
+        forward: Option<regex::Regex>,
+    ) -> JoinHandle<Result<(), String>> {
         let l = &self.limits;
-        let (inference, health) = grpc::services(engine, l);
+        let (inference, health) = grpc::services(engine, l, forward);
         let incoming = net::grpc_incoming(listener, l, self.stop.clone());
         let mut stop = self.stop.clone();
         let server = tonic::transport::Server::builder()
@@ -233,6 +238,7 @@ async fn listeners(
         engine: Arc::clone(engine),
         max_input_size: config.http_max_input_size,
         size_note: config.size_note.clone(),
+        forward_headers: config.http_header_forward.clone(),
     });
     // The KServe v2 routes, also reached through Vertex AI's redirect header.
     let mut kserve = frontend::http::routes(Arc::clone(&state));
@@ -256,7 +262,7 @@ async fn listeners(
     }
     if config.platform.grpc {
         let grpc = bind("gRPC KServe v2", config.grpc_addr).await?;
-        services.push(("gRPC", listen.grpc(grpc, Arc::clone(engine))));
+        services.push(("gRPC", listen.grpc(grpc, Arc::clone(engine), config.grpc_header_forward.clone())));
     }
     if let Some(metrics) = metrics {
         let listener = bind("Prometheus metrics", config.metrics_addr).await?;

@@ -276,6 +276,13 @@ fn select_outputs(
     if wanted.is_empty() {
         return Ok((0..schema.outputs.len()).map(|index| OutputRequest { index, classification: None }).collect());
     }
+    if let Some((i, o)) = wanted.iter().enumerate().find(|(i, o)| wanted[..*i].iter().any(|p| p.name == o.name)) {
+        return Err(Error::invalid(format!(
+            "output '{}' is requested more than once (at positions {} and {i}) for model '{model}'",
+            o.name,
+            wanted.iter().position(|p| p.name == o.name).unwrap_or(0)
+        )));
+    }
     wanted
         .iter()
         .map(|o| {

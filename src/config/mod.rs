@@ -164,6 +164,13 @@ struct ServeArgs {
     /// ONNX Runtime shared library (libonnxruntime.so); also read from ORT_DYLIB_PATH.
     #[arg(long, env = "FERRY_ONNXRUNTIME_LIBRARY")]
     onnxruntime_library: Option<PathBuf>,
+    /// Request headers whose names match this regular expression (case-insensitively) become
+    /// request parameters that models see (tritonserver's flag).
+    #[arg(long, env = "FERRY_HTTP_HEADER_FORWARD_PATTERN")]
+    http_header_forward_pattern: Option<String>,
+    /// The same for gRPC request metadata.
+    #[arg(long, env = "FERRY_GRPC_HEADER_FORWARD_PATTERN")]
+    grpc_header_forward_pattern: Option<String>,
     /// Server name reported by the metadata endpoint.
     #[arg(long, env = "FERRY_ID", default_value = "ferry")]
     id: String,
@@ -176,6 +183,17 @@ struct ServeArgs {
 /// A flag's value that cannot be used, worded for the operator.
 fn invalid(message: impl std::fmt::Display) -> clap::Error {
     clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("{message}\n"))
+}
+
+fn forward_pattern(flag: &str, pattern: Option<String>) -> Result<Option<regex::Regex>, clap::Error> {
+    pattern
+        .map(|p| {
+            regex::RegexBuilder::new(&p)
+                .case_insensitive(true)
+                .build()
+                .map_err(|e| invalid(format!("{flag} '{p}' is not a regular expression: {e}")))
+        })
+        .transpose()
 }
 
 /// Everything the server needs to know, resolved once.
@@ -219,6 +237,9 @@ pub struct Config {
     pub default_max_batch_size: i32,
     /// How Python models run (`--backend-config python,...`).
     pub python: PythonSettings,
+    /// Header names forwarded as request parameters (HTTP, gRPC), compiled case-insensitively.
+    pub http_header_forward: Option<regex::Regex>,
+    pub grpc_header_forward: Option<regex::Regex>,
     pub cores: usize,
 }
 
@@ -261,6 +282,9 @@ impl Config {
         let sagemaker_env = std::env::vars().any(|(k, _)| k.starts_with("SAGEMAKER_"));
         let opt_ml = std::path::Path::new("/opt/ml/model").is_dir() || std::path::Path::new("/opt/ml/models").is_dir();
         let platform = platform::resolve(&a, &env, sagemaker_env, opt_ml).map_err(invalid)?;
+        if platform.max_input_size == 0 {
+            return Err(invalid("--http-max-input-size must be at least 1 byte, got 0"));
+        }
         let metrics = if platform.metrics {
             let mut m = MetricsSettings {
                 cpu: a.allow_cpu_metrics,
@@ -319,6 +343,8 @@ impl Config {
             server_id: a.id,
             default_max_batch_size,
             python,
+            http_header_forward: forward_pattern("--http-header-forward-pattern", a.http_header_forward_pattern)?,
+            grpc_header_forward: forward_pattern("--grpc-header-forward-pattern", a.grpc_header_forward_pattern)?,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
             platform,
         })
@@ -362,5 +388,8 @@ mod tests {
         assert_eq!(c.default_max_batch_size, 0);
         assert!(Config::from_args(["ferry", "--backend-config=tensorflow,x=1"]).is_err());
         assert!(Config::from_args(["ferry", "--http-port=notaport"]).is_err());
+        for bad in ["--http-max-input-size=0", "--http-max-input-size=-5", "--max-inflight-request-bytes=0"] {
+            assert!(Config::from_args(["ferry", bad]).is_err(), "{bad}");
+        }
     }
 }

@@ -28,6 +28,9 @@ pub struct HttpState {
     pub max_input_size: usize,
     /// The platform's own size limit, said in 413 replies.
     pub size_note: String,
+    /// --http-header-forward-pattern: request headers whose names match become request
+    /// parameters (case-insensitively, as Triton).
+    pub forward_headers: Option<regex::Regex>,
 }
 
 type AppState = State<Arc<HttpState>>;
@@ -260,7 +263,7 @@ pub async fn infer_body(
     version: Option<u64>,
     body: Bytes,
     header_len: Option<usize>,
-    traceparent: Option<&str>,
+    headers: &HeaderMap,
 ) -> Result<codec::Encoded, Error> {
     let (mut request, format) = if header_len == Some(0) {
         let meta = s.engine.model_metadata(model, version)?;
@@ -269,7 +272,13 @@ pub async fn infer_body(
     } else {
         codec::decode(model, version, body, header_len, s.engine.shm())?
     };
-    request.trace_parent = traceparent.map(str::to_string);
+    request.trace_parent = header_str(headers, "traceparent").map(str::to_string);
+    if let Some(pattern) = &s.forward_headers {
+        for (name, value) in headers.iter().filter(|(n, _)| pattern.is_match(n.as_str())) {
+            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+            request.parameters.insert(name.as_str().to_string(), crate::request::ParamValue::String(value));
+        }
+    }
     let response = s.engine.infer(request).await?;
     codec::encode(&response, &format)
 }
@@ -288,7 +297,7 @@ async fn infer_inner(
             Error::invalid(format!("Inference-Header-Content-Length must be a non-negative integer, got '{v}'"))
         })?),
     };
-    let encoded = infer_body(s, &model, version, body, header_len, header_str(headers, "traceparent")).await?;
+    let encoded = infer_body(s, &model, version, body, header_len, headers).await?;
     reply(encoded, header_str(headers, "accept-encoding"))
 }
 

@@ -4,9 +4,9 @@ use std::sync::Arc;
 
 use axum::{
     Router,
-    body::Bytes,
+    body::{Body, Bytes},
     extract::{Path, State},
-    http::StatusCode,
+    http::{HeaderMap, StatusCode},
     response::{IntoResponse, Response},
     routing::{get, post},
 };
@@ -112,21 +112,26 @@ async fn named_repository() -> Response {
     error_response(&Error::unsupported("'repository_name' specification is not supported"))
 }
 
+/// The load body, parsed without copying its (large, base64) file contents: each file is decoded
+/// once, straight from the request body.
 fn load_request(body: &[u8]) -> Result<LoadRequest> {
+    #[derive(serde::Deserialize)]
+    struct LoadBody<'a> {
+        #[serde(borrow, default)]
+        parameters: Option<std::collections::BTreeMap<std::borrow::Cow<'a, str>, &'a serde_json::value::RawValue>>,
+    }
     let mut req = LoadRequest::default();
-    let params = match object(body)?.remove("parameters") {
-        None => return Ok(req),
-        Some(Value::Object(p)) => p,
-        Some(v) => return Err(Error::invalid(format!("'parameters' must be an object, got {v}"))),
-    };
-    for (k, v) in params {
-        let Value::String(text) = v else {
-            return Err(Error::invalid(format!(
-                "Unrecognized load parameter '{k}' with type '{v}': expected a string"
-            )));
-        };
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(req);
+    }
+    let parsed: LoadBody<'_> =
+        serde_json::from_slice(body).map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))?;
+    for (k, raw) in parsed.parameters.unwrap_or_default() {
+        let text: std::borrow::Cow<'_, str> = serde_json::from_str(raw.get()).map_err(|_| {
+            Error::invalid(format!("Unrecognized load parameter '{k}' with type '{}': expected a string", raw.get()))
+        })?;
         if k == "config" {
-            req.config = Some(text);
+            req.config = Some(text.into_owned());
         } else if let Some(path) = k.strip_prefix("file:") {
             let bytes = base64::engine::general_purpose::STANDARD
                 .decode(text.as_bytes())
@@ -139,9 +144,13 @@ fn load_request(body: &[u8]) -> Result<LoadRequest> {
     Ok(req)
 }
 
-async fn load(State(s): AppState, Path(model): Path<String>, body: Bytes) -> Response {
-    let result = match load_request(&body) {
-        Ok(req) => s.engine.repository().load(&model, req).await.map(|()| Value::Null),
+/// Takes bodies up to --http-max-input-size (model files travel in them), as Triton.
+async fn load(State(s): AppState, Path(model): Path<String>, headers: HeaderMap, body: Body) -> Response {
+    let result = match super::http::read_request(&s, &headers, body).await {
+        Ok(body) => match load_request(&body) {
+            Ok(req) => s.engine.repository().load(&model, req).await.map(|()| Value::Null),
+            Err(e) => Err(e),
+        },
         Err(e) => Err(e),
     };
     reply(result)

@@ -95,7 +95,7 @@ async fn run(s: &SageMakerState, model: &str, headers: &HeaderMap, body: Body) -
         let predictions = instances::predict(&s.http.engine, model, &body).await?;
         return Ok((StatusCode::OK, axum::Json(predictions)).into_response());
     }
-    let encoded = infer_body(&s.http, model, None, body, header_len, header_str(headers, "traceparent")).await?;
+    let encoded = infer_body(&s.http, model, None, body, header_len, headers).await?;
     let content_type = match encoded.header_len {
         Some(n) => format!("{BINARY_CONTENT_TYPE};json-header-size={n}"),
         None => "application/json".to_string(),

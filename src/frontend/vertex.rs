@@ -75,7 +75,7 @@ async fn predict_inner(s: &VertexState, headers: &HeaderMap, body: Body) -> Resu
         let predictions = instances::predict(&s.http.engine, &model, &body).await?;
         return Ok((StatusCode::OK, axum::Json(predictions)).into_response());
     }
-    let encoded = infer_body(&s.http, &model, None, body, header_len, header_str(headers, "traceparent")).await?;
+    let encoded = infer_body(&s.http, &model, None, body, header_len, headers).await?;
     reply(encoded, None)
 }
 

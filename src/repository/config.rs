@@ -47,6 +47,12 @@ pub fn fill(cfg: &mut ModelConfig, dir: &Path, dir_name: &str) -> Result<(), Str
     if cfg.platform == "ensemble" {
         return Ok(());
     }
+    if let Some(hint) = unsupported(&cfg.platform, &cfg.backend) {
+        return Err(format!(
+            "model '{}': {hint}; ferry serves backend \"onnxruntime\" (platform \"onnxruntime_onnx\"), backend \"python\" and platform \"ensemble\"",
+            cfg.name
+        ));
+    }
     let onnx = cfg.backend == "onnxruntime"
         || (cfg.backend.is_empty() && cfg.platform == "onnxruntime_onnx")
         || (cfg.backend.is_empty() && cfg.platform.is_empty() && looks_onnx(cfg, dir));
@@ -91,6 +97,26 @@ fn first_version_holds(dir: &Path, file: &str) -> bool {
         .collect();
     subdirs.sort();
     subdirs.first().is_some_and(|d| d.join(file).exists())
+}
+
+/// What to say of a platform or backend ferry does not serve (None: one it serves, or none named).
+fn unsupported(platform: &str, backend: &str) -> Option<String> {
+    let served = |b: &str| matches!(b, "" | "onnxruntime" | "python" | "identity");
+    let named = |what: &str, name: &str| format!("{what} '{name}' is not served by ferry");
+    let hint = |p: &str| match p {
+        "tensorrt_plan" | "tensorrt" => " (run the ONNX model with ONNX Runtime's TensorRT execution provider instead)",
+        "pytorch_libtorch" | "pytorch" | "torch_aoti" => " (export the model to ONNX with torch.onnx.export)",
+        "tensorflow_savedmodel" | "tensorflow_graphdef" | "tensorflow" => " (convert the model to ONNX with tf2onnx)",
+        "openvino" => " (serve the ONNX model; ONNX Runtime has an OpenVINO execution provider)",
+        _ => "",
+    };
+    if !platform.is_empty() && platform != "onnxruntime_onnx" && backend.is_empty() {
+        return Some(format!("{}{}", named("platform", platform), hint(platform)));
+    }
+    if !served(backend) {
+        return Some(format!("{}{}", named("backend", backend), hint(backend)));
+    }
+    None
 }
 
 /// No backend named: an ONNX file name, or `model.onnx` in the first version directory.
@@ -192,7 +218,7 @@ pub fn normalize(cfg: &mut ModelConfig) {
         if group.name.is_empty() {
             group.name = format!("{}_{i}", cfg.name);
         }
-        // No GPU support in this build: KIND_AUTO resolves to CPU.
+        // KIND_AUTO runs on the CPU (GPU instances are asked for with KIND_GPU).
         if group.kind == Kind::Auto as i32 {
             group.kind = Kind::Cpu as i32;
         }

@@ -175,3 +175,15 @@ fn reshape_fills_variable_dims() {
     assert_eq!(model_shape(Some(2), &[7], &[-1], &[1, -1]), vec![2, 1, 7]);
     assert_eq!(model_shape(None, &[3, 5], &[3, -1], &[-1, 3]), vec![5, 3]);
 }
+
+#[test]
+fn an_output_asked_for_twice_is_refused() {
+    let mut req =
+        request(vec![input("INPUT0", DataType::Int32, &[1, 16], 64), input("INPUT1", DataType::Int32, &[1, 16], 64)]);
+    req.outputs = vec![
+        crate::request::RequestedOutput { name: "OUTPUT0".into(), ..Default::default() },
+        crate::request::RequestedOutput { name: "OUTPUT0".into(), ..Default::default() },
+    ];
+    let m = err(&simple(8), req);
+    assert!(m.contains("output 'OUTPUT0' is requested more than once"), "{m}");
+}

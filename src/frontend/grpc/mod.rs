@@ -35,6 +35,8 @@ pub struct Grpc {
     engine: Arc<Engine>,
     /// Requests of one ModelStreamInfer stream in flight at once.
     stream_inflight: usize,
+    /// --grpc-header-forward-pattern.
+    forward: Option<Arc<regex::Regex>>,
 }
 
 /// The inference and health services: requests up to --grpc-max-input-size (also once
@@ -43,8 +45,9 @@ pub struct Grpc {
 pub fn services(
     engine: Arc<Engine>,
     limits: &Network,
+    forward: Option<regex::Regex>,
 ) -> (service::GrpcInferenceServiceServer<Grpc>, health_server::HealthServer<Grpc>) {
-    let grpc = Grpc { engine, stream_inflight: limits.grpc_stream_max_inflight };
+    let grpc = Grpc { engine, stream_inflight: limits.grpc_stream_max_inflight, forward: forward.map(Arc::new) };
     let inference = service::GrpcInferenceServiceServer::new(grpc.clone())
         .max_decoding_message_size(limits.grpc_max_input_size)
         .max_encoding_message_size(i32::MAX as usize)
@@ -54,9 +57,10 @@ pub fn services(
 }
 
 impl Grpc {
-    async fn infer(&self, req: pb::ModelInferRequest, trace: Option<String>) -> Result<pb::ModelInferResponse, Error> {
+    async fn infer(&self, req: pb::ModelInferRequest, meta: Meta) -> Result<pb::ModelInferResponse, Error> {
         let mut request = convert::request(req, self.engine.shm())?;
-        request.trace_parent = trace;
+        request.trace_parent = meta.trace;
+        request.parameters.extend(meta.forwarded);
         Ok(convert::response(self.engine.infer(request).await?))
     }
 
@@ -65,7 +69,7 @@ impl Grpc {
     async fn stream_reply(
         &self,
         req: pb::ModelInferRequest,
-        trace: Option<String>,
+        trace: Meta,
     ) -> Result<pb::ModelStreamInferResponse, (Error, pb::ModelInferResponse)> {
         let failed = failed_reply(&req);
         match self.infer(req, trace).await {
@@ -89,9 +93,33 @@ fn failed_reply(req: &pb::ModelInferRequest) -> pb::ModelInferResponse {
     }
 }
 
-/// The caller's W3C trace context, from the `traceparent` metadata.
-fn traceparent<T>(r: &Request<T>) -> Option<String> {
-    r.metadata().get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string)
+/// What a request's metadata gives the engine: the caller's W3C trace context and the
+/// forwarded headers.
+#[derive(Clone, Default)]
+struct Meta {
+    trace: Option<String>,
+    forwarded: Vec<(String, crate::request::ParamValue)>,
+}
+
+impl Grpc {
+    fn meta<T>(&self, r: &Request<T>) -> Meta {
+        let trace = r.metadata().get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string);
+        let forwarded = match &self.forward {
+            None => Vec::new(),
+            Some(pattern) => r
+                .metadata()
+                .iter()
+                .filter_map(|kv| match kv {
+                    tonic::metadata::KeyAndValueRef::Ascii(k, v) if pattern.is_match(k.as_str()) => Some((
+                        k.as_str().to_string(),
+                        crate::request::ParamValue::String(v.to_str().unwrap_or_default().to_string()),
+                    )),
+                    _ => None,
+                })
+                .collect(),
+        };
+        Meta { trace, forwarded }
+    }
 }
 
 type InferStream = Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
@@ -147,8 +175,8 @@ impl service::GrpcInferenceService for Grpc {
     }
 
     async fn model_infer(&self, r: Request<pb::ModelInferRequest>) -> Reply<pb::ModelInferResponse> {
-        let trace = traceparent(&r);
-        self.infer(r.into_inner(), trace).await.map(Response::new).map_err(status)
+        let meta = self.meta(&r);
+        self.infer(r.into_inner(), meta).await.map(Response::new).map_err(status)
     }
 
     type ModelStreamInferStream = InferStream;
@@ -156,7 +184,7 @@ impl service::GrpcInferenceService for Grpc {
     /// Many requests in flight on one stream (at most --grpc-stream-max-inflight: the next
     /// message is read only when one finishes); each gets one reply, in completion order.
     async fn model_stream_infer(&self, r: Request<Streaming<pb::ModelInferRequest>>) -> Reply<InferStream> {
-        let trace = traceparent(&r);
+        let trace = self.meta(&r);
         let grpc_errors =
             r.metadata().get("triton_grpc_error").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
         let stream_ticket = r.extensions().get::<RequestTicket>().map(|t| Arc::clone(&t.0));

@@ -32,6 +32,25 @@ fn fills_onnx_backend_from_the_file_name() {
 }
 
 #[test]
+fn unsupported_platforms_and_backends_are_named_with_a_way_forward() {
+    let root = dir_with_version("m");
+    for (platform, backend, want) in [
+        (
+            "tensorrt_plan",
+            "",
+            "platform 'tensorrt_plan' is not served by ferry (run the ONNX model with ONNX Runtime's TensorRT",
+        ),
+        ("pytorch_libtorch", "", "export the model to ONNX"),
+        ("", "tensorflow", "backend 'tensorflow' is not served by ferry (convert the model to ONNX"),
+        ("", "fil", "backend 'fil' is not served by ferry; ferry serves backend \"onnxruntime\""),
+    ] {
+        let mut cfg = ModelConfig { platform: platform.into(), backend: backend.into(), ..Default::default() };
+        let e = fill(&mut cfg, &root.path().join("m"), "m").unwrap_err();
+        assert!(e.contains(want), "{platform}/{backend}: {e}");
+    }
+}
+
+#[test]
 fn name_must_match_directory() {
     let root = dir_with_version("m");
     let mut cfg = ModelConfig { name: "other".into(), ..Default::default() };

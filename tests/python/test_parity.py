@@ -1,0 +1,102 @@
+"""Protocol details real clients hit, checked side by side with Triton's behaviour: large model
+uploads through the load API, header forwarding, Python models found by model.py, unsupported
+platforms named, an output asked for twice, and flags refused at start-up."""
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+import models
+from ferry_server import BINARY, Server
+
+PARAMS = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "PARAMS", np.array([[r.parameters().encode()]], dtype=np.object_))]) for r in requests]
+'''
+
+PARAMS_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "PARAMS" data_type: TYPE_STRING dims: [ 1, 1 ] } ]
+"""
+
+
+def test_a_model_bigger_than_2mb_uploads_through_the_load_api(fresh_repo, tmp_path):
+    big = str(tmp_path / "big")
+    models.add_mul(big, "m")
+    onnx_bytes = open(os.path.join(big, "m", "1", "model.onnx"), "rb").read()
+    # Pad the file with a large unused initializer: a 3 MB model.
+    import onnx
+    from onnx import numpy_helper
+    model = onnx.load_from_string(onnx_bytes)
+    model.graph.initializer.append(numpy_helper.from_array(np.zeros(3 << 18, dtype=np.float32), "padding"))
+    onnx_bytes = model.SerializeToString()
+    assert len(onnx_bytes) > 3 << 20
+    config = json.dumps({"name": "big", "backend": "onnxruntime", "max_batch_size": 4})
+    with Server(["--model-repository", fresh_repo, "--model-control-mode=explicit"]) as s:
+        for client in (s.client(), s.grpc_client()):
+            client.load_model("big", config=config, files={"file:1/model.onnx": onnx_bytes})
+            assert client.is_model_ready("big")
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_headers_matching_the_forward_pattern_become_parameters(fresh_repo, protocol):
+    models.python_model(fresh_repo, "params", PARAMS, PARAMS_CONFIG)
+    args = ["--model-repository", fresh_repo, "--http-header-forward-pattern", "^x-team-.*",
+            "--grpc-header-forward-pattern", "^x-team-.*"]
+    with Server(args) as s:
+        lib = httpclient if protocol == "http" else grpcclient
+        client = s.client() if protocol == "http" else s.grpc_client()
+        x = lib.InferInput("X", [1], "FP32").set_data_from_numpy(np.ones(1, dtype=np.float32))
+        # gRPC metadata keys are lowercase by rule; HTTP's are matched case-insensitively.
+        key = "X-Team-Id" if protocol == "http" else "x-team-id"
+        r = client.infer("params", [x], headers={key: "blue", "x-other": "no"})
+        params = json.loads(r.as_numpy("PARAMS")[0][0])
+        assert params.get("x-team-id") == "blue" and "x-other" not in params, params
+
+
+def test_a_folder_with_model_py_is_a_python_model(fresh_repo):
+    models.python_model(fresh_repo, "params", PARAMS, None)
+    models.write(os.path.join(fresh_repo, "params", "config.pbtxt"), PARAMS_CONFIG.replace('backend: "python"', ""))
+    with Server(["--model-repository", fresh_repo]) as s:
+        assert s.client().get_model_config("params")["backend"] == "python"
+
+
+def test_unsupported_platforms_are_named_with_a_way_forward(fresh_repo):
+    for name, platform in [("trt", "tensorrt_plan"), ("torch", "pytorch_libtorch")]:
+        os.makedirs(os.path.join(fresh_repo, name, "1"))
+        models.write(os.path.join(fresh_repo, name, "config.pbtxt"), f'platform: "{platform}"\nmax_batch_size: 0\n')
+    with Server(["--model-repository", fresh_repo, "--exit-on-error=false"]) as s:
+        index = {m["name"]: m["reason"] for m in s.client().get_model_repository_index()}
+        assert "platform 'tensorrt_plan' is not served by ferry" in index["trt"] and "TensorRT" in index["trt"]
+        assert "export the model to ONNX" in index["torch"]
+
+
+def test_an_output_requested_twice_is_refused():
+    from conftest import EXAMPLES
+    with Server(["--model-repository", EXAMPLES]) as s:
+        a = np.ones((1, 16), dtype=np.int32)
+        for lib, client in ((httpclient, s.client()), (grpcclient, s.grpc_client())):
+            ins = [lib.InferInput(n, [1, 16], "INT32").set_data_from_numpy(a) for n in ("INPUT0", "INPUT1")]
+            outs = [lib.InferRequestedOutput("OUTPUT0"), lib.InferRequestedOutput("OUTPUT0")]
+            with pytest.raises(InferenceServerException, match="requested more than once"):
+                client.infer("simple", ins, outputs=outs)
+
+
+def test_a_zero_input_size_is_refused_at_start_up():
+    for flag in ["--http-max-input-size=0", "--http-max-input-size=-1"]:
+        out = subprocess.run([BINARY, "serve", flag], capture_output=True, text=True, timeout=30)
+        assert out.returncode != 0 and "http-max-input-size" in out.stderr, out.stderr
