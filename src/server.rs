@@ -14,11 +14,17 @@ use crate::{
     admission::Admission,
     backend::{Backends, Host, HostSlot, identity::IdentityBackend, onnx::OnnxBackend, python::PythonBackend},
     cache::ResponseCache,
-    config::Config,
-    config::Mode,
-    config::Network,
+    config::{Category, Config, Mode, Network, Restrictions},
     engine::{EXTENSIONS, Engine, ServerInfo, Services},
-    frontend::{self, grpc, guard::AdmitLayer, http::HttpState, net, sagemaker::SageMakerState, vertex::VertexState},
+    frontend::{
+        self, grpc,
+        guard::AdmitLayer,
+        http::HttpState,
+        net,
+        restrict::{self, RestrictLayer},
+        sagemaker::SageMakerState,
+        vertex::VertexState,
+    },
     metrics::{FIRST_RESPONSE_BUCKETS, Metrics},
     repository::{
         control::{ControlMode, ModelRepository},
@@ -58,6 +64,7 @@ impl Listen {
         listener: TcpListener,
         engine: Arc<Engine>,
         forward: Option<regex::Regex>,
+        rules: Restrictions,
     ) -> JoinHandle<Result<(), String>> {
         let l = &self.limits;
         let (inference, health) = grpc::services(engine, l, forward);
@@ -68,6 +75,7 @@ impl Listen {
             .http2_keepalive_interval(Some(Duration::from_secs(60)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
             .layer(AdmitLayer { admission: Arc::clone(&self.admission) })
+            .layer(RestrictLayer(Arc::new(rules)))
             .add_service(inference)
             .add_service(health);
         tokio::spawn(async move {
@@ -240,29 +248,44 @@ async fn listeners(
         size_note: config.size_note.clone(),
         forward_headers: config.http_header_forward.clone(),
     });
+    let rules = &config.http_restricted;
+    let kserve_rules = |r: axum::Router| restrict::http(r, rules, Arc::new(restrict::kserve_category));
     // The KServe v2 routes, also reached through Vertex AI's redirect header.
     let mut kserve = frontend::http::routes(Arc::clone(&state));
     if let Some(m) = metrics {
         kserve = kserve.merge(frontend::metrics::routes(Arc::clone(m)));
     }
-    let kserve = frontend::http::with_fallbacks(kserve);
+    let kserve = kserve_rules(frontend::http::with_fallbacks(kserve));
     if let Some(v) = &config.platform.vertex {
         let vertex = Arc::new(VertexState { http: Arc::clone(&state), settings: v.clone(), kserve: kserve.clone() });
         let listener = bind("Vertex AI", v.addr).await?;
-        services.push(("Vertex AI", listen.http(listener, frontend::vertex::router(vertex))));
+        let (health, predict) = (v.health_route.clone(), v.predict_route.clone());
+        let categorize: restrict::Categorize = Arc::new(move |p: &str| match p {
+            p if p == health => Some(Category::Health),
+            p if p == predict => Some(Category::Inference),
+            // Other paths are KServe routes reached through the redirect header, checked there.
+            _ => None,
+        });
+        services.push((
+            "Vertex AI",
+            listen.http(listener, restrict::http(frontend::vertex::router(vertex), rules, categorize)),
+        ));
     }
     if let Some(sm) = &config.platform.sagemaker {
         let sagemaker = Arc::new(SageMakerState::new(Arc::clone(&state), sm.clone()));
         let listener = bind("SageMaker", sm.addr).await?;
-        services.push(("SageMaker", listen.http(listener, frontend::sagemaker::router(sagemaker))));
+        let router =
+            restrict::http(frontend::sagemaker::router(sagemaker), rules, Arc::new(restrict::sagemaker_category));
+        services.push(("SageMaker", listen.http(listener, router)));
     }
     if config.platform.http {
         let http = bind("HTTP KServe v2", config.http_addr).await?;
-        services.push(("HTTP", listen.http(http, frontend::http::router(Arc::clone(&state)))));
+        services.push(("HTTP", listen.http(http, kserve_rules(frontend::http::router(Arc::clone(&state))))));
     }
     if config.platform.grpc {
         let grpc = bind("gRPC KServe v2", config.grpc_addr).await?;
-        services.push(("gRPC", listen.grpc(grpc, Arc::clone(engine), config.grpc_header_forward.clone())));
+        let (forward, rules) = (config.grpc_header_forward.clone(), config.grpc_restricted.clone());
+        services.push(("gRPC", listen.grpc(grpc, Arc::clone(engine), forward, rules)));
     }
     if let Some(metrics) = metrics {
         let listener = bind("Prometheus metrics", config.metrics_addr).await?;

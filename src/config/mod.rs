@@ -20,11 +20,13 @@ use crate::{
 mod cache;
 mod network;
 mod platform;
+mod restrict;
 mod storage;
 mod tracing;
 
 pub use network::Network;
 pub use platform::{Mode, Platform, SageMakerSettings, VertexSettings};
+pub use restrict::{Category, Restrictions};
 pub use storage::Storage;
 
 #[derive(Parser, Debug)]
@@ -164,6 +166,14 @@ struct ServeArgs {
     /// ONNX Runtime shared library (libonnxruntime.so); also read from ORT_DYLIB_PATH.
     #[arg(long, env = "FERRY_ONNXRUNTIME_LIBRARY")]
     onnxruntime_library: Option<PathBuf>,
+    /// API categories that need a header: `<category,...>:<header>=<value>` (repeatable;
+    /// categories health, metadata, inference, shared-memory, model-config, model-repository,
+    /// statistics, trace, logging). Applies to the HTTP, Vertex AI and SageMaker listeners.
+    #[arg(long, env = "FERRY_HTTP_RESTRICTED_API")]
+    http_restricted_api: Vec<String>,
+    /// The same for gRPC.
+    #[arg(long, env = "FERRY_GRPC_RESTRICTED_PROTOCOL")]
+    grpc_restricted_protocol: Vec<String>,
     /// Request headers whose names match this regular expression (case-insensitively) become
     /// request parameters that models see (tritonserver's flag).
     #[arg(long, env = "FERRY_HTTP_HEADER_FORWARD_PATTERN")]
@@ -237,6 +247,9 @@ pub struct Config {
     pub default_max_batch_size: i32,
     /// How Python models run (`--backend-config python,...`).
     pub python: PythonSettings,
+    /// Restricted API categories of the HTTP listeners and of gRPC.
+    pub http_restricted: Restrictions,
+    pub grpc_restricted: Restrictions,
     /// Header names forwarded as request parameters (HTTP, gRPC), compiled case-insensitively.
     pub http_header_forward: Option<regex::Regex>,
     pub grpc_header_forward: Option<regex::Regex>,
@@ -343,6 +356,9 @@ impl Config {
             server_id: a.id,
             default_max_batch_size,
             python,
+            http_restricted: Restrictions::parse("--http-restricted-api", &a.http_restricted_api).map_err(invalid)?,
+            grpc_restricted: Restrictions::parse("--grpc-restricted-protocol", &a.grpc_restricted_protocol)
+                .map_err(invalid)?,
             http_header_forward: forward_pattern("--http-header-forward-pattern", a.http_header_forward_pattern)?,
             grpc_header_forward: forward_pattern("--grpc-header-forward-pattern", a.grpc_header_forward_pattern)?,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),

@@ -9,5 +9,6 @@ pub mod json;
 pub mod metrics;
 pub mod net;
 pub mod platform;
+pub mod restrict;
 pub mod sagemaker;
 pub mod vertex;

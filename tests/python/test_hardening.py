@@ -435,3 +435,40 @@ def test_a_symlink_cycle_in_a_model_folder_does_not_hang(fresh_repo):
         assert s.client().is_model_ready("m")
         assert s.wait_log("poll", timeout=5) or True
         assert s.client().is_server_ready()
+
+
+def test_restricted_apis_need_their_header_over_http_and_grpc(fresh_repo):
+    """Admin calls need a key clients do not have; inference stays open."""
+    import numpy as np
+    import tritonclient.http as httpclient
+
+    copy_example(fresh_repo, "simple")
+    args = ["--model-repository", fresh_repo, "--model-control-mode=explicit", "--load-model=simple",
+            "--http-restricted-api", "model-repository,shared-memory,logging:admin-key=s3cret",
+            "--grpc-restricted-protocol", "model-repository,trace:admin-key=s3cret"]
+    with Server(args) as s:
+        status, text = raw(s, "POST", "/v2/repository/index", "{}")
+        assert status == 403 and json.loads(text)["error"] == "This API is restricted, expecting header 'admin-key'"
+        assert raw(s, "POST", "/v2/repository/index", "{}", {"admin-key": "wrong"})[0] == 403
+        assert raw(s, "POST", "/v2/repository/index", "{}", {"Admin-Key": "s3cret"})[0] == 200
+        assert raw(s, "GET", "/v2/logging")[0] == 403
+        assert raw(s, "GET", "/v2/health/ready")[0] == 200
+        client = httpclient.InferenceServerClient(s.url)
+        with pytest.raises(InferenceServerException, match="restricted"):
+            client.unload_model("simple")
+        client.unload_model("simple", headers={"admin-key": "s3cret"})
+        client.load_model("simple", headers={"admin-key": "s3cret"})
+        a = np.ones((1, 16), dtype=np.int32)
+        ins = [httpclient.InferInput(n, [1, 16], "INT32").set_data_from_numpy(a) for n in ("INPUT0", "INPUT1")]
+        assert client.infer("simple", ins).as_numpy("OUTPUT0")[0, 0] == 2
+        g = s.grpc_client()
+        with pytest.raises(InferenceServerException) as err:
+            g.get_model_repository_index()
+        assert err.value.status() == "StatusCode.UNAVAILABLE"
+        assert "This protocol is restricted, expecting header 'admin-key'" in err.value.message()
+        assert g.get_model_repository_index(headers={"admin-key": "s3cret"}) is not None
+        with pytest.raises(InferenceServerException, match="restricted"):
+            g.get_trace_settings()
+        assert g.is_server_ready() and g.get_model_metadata("simple").name == "simple"
+        gins = [grpcclient.InferInput(n, [1, 16], "INT32").set_data_from_numpy(a) for n in ("INPUT0", "INPUT1")]
+        assert g.infer("simple", gins).as_numpy("OUTPUT0")[0, 0] == 2

@@ -92,7 +92,7 @@ def test_config_pipeline_errors_name_the_problem(fresh_repo):
         log = s.log()
         assert "unexpected directory name 'renamed' for model 'other'" in log
         assert "input 'a': the configuration says TYPE_INT32 but the model has TYPE_FP32" in log
-        assert "backend 'pytorch' is not available in ferry" in log
+        assert "backend 'pytorch' is not served by ferry" in log
         assert "skipping a folder that is not a model" in log and "notes" in log
         for name in ("renamed", "wrongtype", "pytorchy"):
             assert not s.client().is_model_ready(name)
