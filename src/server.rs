@@ -51,12 +51,14 @@ struct Listen {
     limits: Network,
     admission: Arc<Admission>,
     stop: watch::Receiver<bool>,
+    http_tls: Option<tokio_rustls::TlsAcceptor>,
+    grpc_tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 impl Listen {
     fn http(&self, listener: TcpListener, app: axum::Router) -> JoinHandle<Result<(), String>> {
         let (limits, admission, stop) = (self.limits.clone(), Arc::clone(&self.admission), self.stop.clone());
-        tokio::spawn(net::serve_http(listener, app, limits, admission, stop))
+        tokio::spawn(net::serve_http(listener, app, limits, admission, self.http_tls.clone(), stop))
     }
 
     fn grpc(
@@ -70,7 +72,14 @@ impl Listen {
         let (inference, health) = grpc::services(engine, l, forward);
         let incoming = net::grpc_incoming(listener, l, self.stop.clone());
         let mut stop = self.stop.clone();
-        let server = tonic::transport::Server::builder()
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = &self.grpc_tls {
+            builder = match builder.tls_config(tls.clone()) {
+                Ok(b) => b,
+                Err(e) => return tokio::spawn(std::future::ready(Err(format!("gRPC TLS: {e}")))),
+            };
+        }
+        let server = builder
             .max_concurrent_streams(Some(l.grpc_max_concurrent_streams))
             .http2_keepalive_interval(Some(Duration::from_secs(60)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
@@ -182,7 +191,13 @@ pub async fn run(
 
     // Listen first, load second: health answers (not ready) while models load.
     let (stop_tx, stop_rx) = watch::channel(false);
-    let listen = Listen { limits: config.network.clone(), admission: Arc::clone(&admission), stop: stop_rx.clone() };
+    let listen = Listen {
+        limits: config.network.clone(),
+        admission: Arc::clone(&admission),
+        stop: stop_rx.clone(),
+        http_tls: config.http_tls.as_ref().map(frontend::tls::http_acceptor).transpose()?,
+        grpc_tls: config.grpc_tls.as_ref().map(frontend::tls::grpc_config).transpose()?,
+    };
     let metrics = config
         .metrics
         .as_ref()

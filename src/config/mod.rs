@@ -22,12 +22,14 @@ mod network;
 mod platform;
 mod restrict;
 mod storage;
+mod tls;
 mod tracing;
 
 pub use network::Network;
 pub use platform::{Mode, Platform, SageMakerSettings, VertexSettings};
 pub use restrict::{Category, Restrictions};
 pub use storage::Storage;
+pub use tls::Tls;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -62,6 +64,8 @@ struct ServeArgs {
     cache: cache::CacheArgs,
     #[command(flatten)]
     network: network::NetworkArgs,
+    #[command(flatten)]
+    tls: tls::TlsArgs,
     /// HTTP port for KServe v2 (0 = any free port).
     #[arg(long, env = "FERRY_HTTP_PORT", default_value_t = 8000)]
     http_port: u16,
@@ -247,6 +251,9 @@ pub struct Config {
     pub default_max_batch_size: i32,
     /// How Python models run (`--backend-config python,...`).
     pub python: PythonSettings,
+    /// TLS of the HTTP listeners and of gRPC (None: plain TCP).
+    pub http_tls: Option<Tls>,
+    pub grpc_tls: Option<Tls>,
     /// Restricted API categories of the HTTP listeners and of gRPC.
     pub http_restricted: Restrictions,
     pub grpc_restricted: Restrictions,
@@ -312,6 +319,7 @@ impl Config {
         } else {
             None
         };
+        let (http_tls, grpc_tls) = a.tls.resolve().map_err(invalid)?;
         let storage = a.storage.resolve(&env);
         python.envs_dir = storage.cache_dir.join("python-envs");
         let model_repositories = if a.model_repository.is_empty() {
@@ -356,6 +364,8 @@ impl Config {
             server_id: a.id,
             default_max_batch_size,
             python,
+            http_tls,
+            grpc_tls,
             http_restricted: Restrictions::parse("--http-restricted-api", &a.http_restricted_api).map_err(invalid)?,
             grpc_restricted: Restrictions::parse("--grpc-restricted-protocol", &a.grpc_restricted_protocol)
                 .map_err(invalid)?,

@@ -11,4 +11,5 @@ pub mod net;
 pub mod platform;
 pub mod restrict;
 pub mod sagemaker;
+pub mod tls;
 pub mod vertex;

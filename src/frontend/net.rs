@@ -173,13 +173,15 @@ impl Acceptor {
     }
 }
 
-/// Serves an axum router over HTTP/1.1 until `stop`; then stops accepting and lets each
-/// connection finish its request (the caller bounds that by the exit deadline).
+/// Serves an axum router over HTTP/1.1 (over TLS when given an acceptor) until `stop`; then
+/// stops accepting and lets each connection finish its request (the caller bounds that by the
+/// exit deadline).
 pub async fn serve_http(
     listener: TcpListener,
     app: Router,
     limits: Network,
     admission: Arc<Admission>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), String> {
     let mut acceptor = Acceptor::new(listener, &limits, "HTTP");
@@ -189,8 +191,22 @@ pub async fn serve_http(
             c = acceptor.next() => c,
             () = stopped(&mut stop) => break,
         };
-        let (app, limits, admission, stop) = (app.clone(), limits.clone(), Arc::clone(&admission), stop.clone());
-        conns.spawn(connection(tcp, slot, app, limits, admission, stop));
+        let conn =
+            Conn { app: app.clone(), limits: limits.clone(), admission: Arc::clone(&admission), stop: stop.clone() };
+        let tls = tls.clone();
+        conns.spawn(async move {
+            let activity = Arc::new(Activity::default());
+            activity.last.store(now_ms(), Ordering::Relaxed);
+            let io = Watched { io: tcp, activity: Arc::clone(&activity), _slot: slot };
+            match tls {
+                None => conn.serve(io, activity).await,
+                Some(tls) => match tokio::time::timeout(conn.limits.header_timeout, tls.accept(io)).await {
+                    Ok(Ok(stream)) => conn.serve(stream, activity).await,
+                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!("TLS handshake did not finish in time"),
+                },
+            }
+        });
         while conns.try_join_next().is_some() {}
     }
     drop(acceptor);
@@ -198,55 +214,60 @@ pub async fn serve_http(
     Ok(())
 }
 
-async fn connection(
-    tcp: TcpStream,
-    slot: OwnedSemaphorePermit,
+/// What serving one connection needs.
+struct Conn {
     app: Router,
     limits: Network,
     admission: Arc<Admission>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let activity = Arc::new(Activity::default());
-    activity.last.store(now_ms(), Ordering::Relaxed);
-    let io = hyper_util::rt::TokioIo::new(Watched { io: tcp, activity: Arc::clone(&activity), _slot: slot });
-    let body_timeout = limits.body_timeout;
-    let on_request = Arc::clone(&activity);
-    let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
-        let (app, activity, admission) = (app.clone(), Arc::clone(&on_request), Arc::clone(&admission));
-        activity.started();
-        async move {
-            let ticket = Arc::new(admission.ticket());
-            let (mut parts, body) = req.into_parts();
-            parts.extensions.insert(RequestTicket(Arc::clone(&ticket)));
-            let body = Body::new(GuardedBody::new(body, Arc::clone(&ticket), Some(body_timeout), |e| Box::new(e)));
-            let late = ticket.late();
-            let resp = crate::admission::scope(late, app.oneshot(http::Request::from_parts(parts, body))).await;
-            drop(ticket);
-            activity.done();
-            resp
-        }
-    });
-    let conn = hyper::server::conn::http1::Builder::new().keep_alive(true).serve_connection(io, service);
-    tokio::pin!(conn);
-    let mut watchdog = tokio::time::interval(Duration::from_secs(1));
-    let mut draining = false;
-    loop {
-        tokio::select! {
-            r = conn.as_mut() => {
-                if let Err(e) = r {
-                    tracing::debug!(error = %e, "HTTP connection ended with an error");
-                }
-                return;
+    stop: watch::Receiver<bool>,
+}
+
+impl Conn {
+    async fn serve<I>(mut self, io: I, activity: Arc<Activity>)
+    where
+        I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let io = hyper_util::rt::TokioIo::new(io);
+        let body_timeout = self.limits.body_timeout;
+        let on_request = Arc::clone(&activity);
+        let (app, admission) = (self.app.clone(), Arc::clone(&self.admission));
+        let service = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+            let (app, activity, admission) = (app.clone(), Arc::clone(&on_request), Arc::clone(&admission));
+            activity.started();
+            async move {
+                let ticket = Arc::new(admission.ticket());
+                let (mut parts, body) = req.into_parts();
+                parts.extensions.insert(RequestTicket(Arc::clone(&ticket)));
+                let body = Body::new(GuardedBody::new(body, Arc::clone(&ticket), Some(body_timeout), |e| Box::new(e)));
+                let late = ticket.late();
+                let resp = crate::admission::scope(late, app.oneshot(http::Request::from_parts(parts, body))).await;
+                drop(ticket);
+                activity.done();
+                resp
             }
-            _ = watchdog.tick() => {
-                if let Some(why) = activity.expired(&limits) {
-                    tracing::debug!(reason = why, "closing an HTTP connection");
+        });
+        let conn = hyper::server::conn::http1::Builder::new().keep_alive(true).serve_connection(io, service);
+        tokio::pin!(conn);
+        let mut watchdog = tokio::time::interval(Duration::from_secs(1));
+        let mut draining = false;
+        loop {
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(error = %e, "HTTP connection ended with an error");
+                    }
                     return;
                 }
-            }
-            () = stopped(&mut stop), if !draining => {
-                draining = true;
-                conn.as_mut().graceful_shutdown();
+                _ = watchdog.tick() => {
+                    if let Some(why) = activity.expired(&self.limits) {
+                        tracing::debug!(reason = why, "closing an HTTP connection");
+                        return;
+                    }
+                }
+                () = stopped(&mut self.stop), if !draining => {
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                }
             }
         }
     }
