@@ -101,12 +101,14 @@ pub fn decode(buf: Bytes) -> Option<Cached> {
         parameters.insert(name, value);
     }
     let count = r.len()?;
-    let mut outputs = Vec::with_capacity(count.min(1024));
+    // Capacities follow what the remaining bytes can hold, not what the entry claims.
+    let left = |r: &Reader| r.buf.len().saturating_sub(r.at);
+    let mut outputs = Vec::with_capacity(count.min(left(&r) / 32));
     for _ in 0..count {
         let name = r.string()?;
         let datatype = DataType::from_wire(&r.string()?)?;
         let rank = r.len()?;
-        let mut shape = Vec::with_capacity(rank.min(64));
+        let mut shape = Vec::with_capacity(rank.min(left(&r) / 8));
         for _ in 0..rank {
             shape.push(i64::from_le_bytes(r.word()?));
         }

@@ -17,7 +17,7 @@ use tokio::sync::watch;
 use crate::request::{InferRequest, InferResponse, Parameters};
 use crate::tensor::Tensor;
 
-mod codec;
+pub mod codec;
 mod local;
 pub mod redis;
 #[cfg(test)]

@@ -167,8 +167,15 @@ fn prediction(resp: &InferResponse, row: Option<(usize, usize)>) -> Result<Value
     })
 }
 
-/// Runs an instances body on `model` and answers `{"predictions": [...]}`.
-pub async fn predict(engine: &Engine, model: &str, body: &[u8]) -> Result<Value> {
+/// The engine requests an instances body makes: one per chunk of at most `max_batch` instances
+/// (one instance per request for a model that does not batch), with how many instances each
+/// holds.
+pub fn requests(
+    model: &str,
+    body: &[u8],
+    inputs: &[TensorMetadata],
+    max_batch: usize,
+) -> Result<Vec<(InferRequest, usize)>> {
     let mut doc: Map<String, Value> =
         serde_json::from_slice(body).map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))?;
     let instances = match doc.remove("instances") {
@@ -181,30 +188,39 @@ pub async fn predict(engine: &Engine, model: &str, body: &[u8]) -> Result<Value>
         Some(Value::Object(p)) => codec::parameters(Some(p), "request")?,
         Some(other) => return Err(Error::invalid(format!("'parameters' must be an object, got {other}"))),
     };
-    let meta = engine.model_metadata(model, None)?;
-    let max_batch = engine.model_config(model, None)?.max_batch_size.max(0) as usize;
     let batching = max_batch > 0;
     let chunk = if batching { max_batch } else { 1 };
-    let mut predictions = Vec::with_capacity(instances.len());
+    let mut out = Vec::new();
     for part in instances.chunks(chunk) {
-        let per_input = split_inputs(part, &meta.inputs)?;
-        let mut inputs = Vec::with_capacity(meta.inputs.len());
-        for (spec, values) in meta.inputs.iter().zip(&per_input) {
+        let per_input = split_inputs(part, inputs)?;
+        let mut tensors = Vec::with_capacity(inputs.len());
+        for (spec, values) in inputs.iter().zip(&per_input) {
             let (item, data) = input_tensor(spec, values, batching)?;
             let mut shape = if batching { vec![part.len() as i64] } else { Vec::new() };
             shape.extend(item);
-            inputs.push(InputTensor { name: spec.name.clone(), datatype: spec.datatype, shape, data });
+            tensors.push(InputTensor { name: spec.name.clone(), datatype: spec.datatype, shape, data });
         }
         let request = InferRequest {
             model_name: model.to_string(),
             parameters: parameters.clone(),
-            inputs,
+            inputs: tensors,
             ..Default::default()
         };
+        out.push((request, part.len()));
+    }
+    Ok(out)
+}
+
+/// Runs an instances body on `model` and answers `{"predictions": [...]}`.
+pub async fn predict(engine: &Engine, model: &str, body: &[u8]) -> Result<Value> {
+    let meta = engine.model_metadata(model, None)?;
+    let max_batch = engine.model_config(model, None)?.max_batch_size.max(0) as usize;
+    let mut predictions = Vec::new();
+    for (request, rows) in requests(model, body, &meta.inputs, max_batch)? {
         let resp = engine.infer(request).await?;
-        if batching {
-            for r in 0..part.len() {
-                predictions.push(prediction(&resp, Some((r, part.len())))?);
+        if max_batch > 0 {
+            for r in 0..rows {
+                predictions.push(prediction(&resp, Some((r, rows)))?);
             }
         } else {
             predictions.push(prediction(&resp, None)?);

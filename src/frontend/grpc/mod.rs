@@ -22,7 +22,7 @@ use crate::{
 };
 
 mod admin;
-mod convert;
+pub mod convert;
 
 fn status(e: Error) -> Status {
     Status::new(Code::from_i32(e.grpc_code()), e.message())

@@ -173,7 +173,9 @@ fn input(model: &str, i: InputHeader<'_>, binary: &mut Bytes, shm: &SharedMemory
 
 fn json_data(model: &str, name: &str, shape: &[i64], datatype: DataType, raw: &str) -> Result<Bytes> {
     let expected = element_count(shape);
-    let mut out = Vec::with_capacity(expected.unwrap_or(0).min(1 << 20) * datatype.size().unwrap_or(8));
+    // Room for the elements the shape declares, but never more than the text can hold (each
+    // element takes at least one character): a tiny body cannot make the server reserve megabytes.
+    let mut out = Vec::with_capacity(expected.unwrap_or(0).min(raw.len()) * datatype.size().unwrap_or(8));
     let count = data::decode(raw, datatype, &mut out)
         .map_err(|e| Error::invalid(format!("unable to parse 'data' of input '{name}' for model '{model}': {e}")))?;
     if let Some(expected) = expected

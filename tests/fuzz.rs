@@ -1,0 +1,278 @@
+//! Fuzzing on stable Rust: every decoder a client or a bucket reaches (KServe JSON and binary
+//! bodies, the gRPC request converter, config.pbtxt, Vertex AI instances, the response-cache
+//! codec) and the shared-memory bookkeeping get mutated seed inputs. None may panic, and none may
+//! allocate more than its declared bound (a multiple of the input plus a constant), measured by a
+//! counting allocator. `FERRY_FUZZ_ITERS` sets the runs per target (CI: the default; longer runs:
+//! bench/fuzz.sh). A failure prints the input that caused it.
+use std::{
+    alloc::{GlobalAlloc, Layout, System},
+    panic::{AssertUnwindSafe, catch_unwind},
+    sync::atomic::{AtomicUsize, Ordering},
+};
+
+use bytes::Bytes;
+
+struct Counting;
+
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let now = CURRENT.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+        PEAK.fetch_max(now, Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new: usize) -> *mut u8 {
+        if new > layout.size() {
+            let now = CURRENT.fetch_add(new - layout.size(), Ordering::Relaxed) + new - layout.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        } else {
+            CURRENT.fetch_sub(layout.size() - new, Ordering::Relaxed);
+        }
+        // SAFETY: forwarded unchanged to the system allocator.
+        unsafe { System.realloc(ptr, layout, new) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+/// A small deterministic generator (xorshift), so a failure reproduces from its seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+const INTERESTING: &[&[u8]] = &[
+    b"0",
+    b"-1",
+    b"4294967295",
+    b"18446744073709551616",
+    b"1e308",
+    b"\"",
+    b"[",
+    b"]",
+    b"{",
+    b"}",
+    b",",
+    b":",
+    b"null",
+    b"true",
+    b"\\u0000",
+    b"\xff",
+    b"\x00",
+    b"99999999999",
+    b"-9223372036854775808",
+];
+
+fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
+    let mut v = seeds[rng.below(seeds.len())].clone();
+    for _ in 0..=rng.below(4) {
+        let at = rng.below(v.len() + 1);
+        match rng.below(7) {
+            0 if !v.is_empty() => {
+                let i = rng.below(v.len());
+                v[i] ^= 1 << rng.below(8);
+            }
+            1 => v.insert(at, rng.next() as u8),
+            2 if !v.is_empty() => {
+                let end = (at + rng.below(16)).min(v.len());
+                v.drain(at.min(end)..end);
+            }
+            3 => {
+                let t = INTERESTING[rng.below(INTERESTING.len())];
+                v.splice(at..at, t.iter().copied());
+            }
+            4 if !v.is_empty() => {
+                let (a, b) = (rng.below(v.len()), rng.below(v.len()));
+                let part = v[a.min(b)..a.max(b)].to_vec();
+                v.splice(at.min(v.len())..at.min(v.len()), part);
+            }
+            5 => v.truncate(at),
+            _ => {
+                let other = &seeds[rng.below(seeds.len())];
+                let cut = rng.below(other.len() + 1);
+                v.truncate(at);
+                v.extend_from_slice(&other[cut..]);
+            }
+        }
+    }
+    v
+}
+
+fn iterations() -> usize {
+    std::env::var("FERRY_FUZZ_ITERS").ok().and_then(|v| v.parse().ok()).unwrap_or(3000)
+}
+
+/// Runs `target` on mutated seeds: no panic, and at most `bound(input)` bytes allocated above
+/// what was live before the call.
+fn fuzz(name: &str, seeds: Vec<Vec<u8>>, bound: impl Fn(&[u8]) -> usize, mut target: impl FnMut(&[u8])) {
+    let mut rng = Rng(0x5eed_f00d ^ name.len() as u64);
+    let mut worst = 0usize;
+    for i in 0..iterations() {
+        let input = if i < seeds.len() { seeds[i].clone() } else { mutate(&mut rng, &seeds) };
+        let before = CURRENT.load(Ordering::Relaxed);
+        PEAK.store(before, Ordering::Relaxed);
+        let outcome = catch_unwind(AssertUnwindSafe(|| target(&input)));
+        let used = PEAK.load(Ordering::Relaxed).saturating_sub(before);
+        let shown = String::from_utf8_lossy(&input[..input.len().min(400)]).to_string();
+        assert!(outcome.is_ok(), "{name}: panic on input {shown:?}");
+        let allowed = bound(&input);
+        assert!(used <= allowed, "{name}: allocated {used} bytes (bound {allowed}) on input {shown:?}");
+        worst = worst.max(used);
+    }
+    eprintln!("{name}: {} inputs, no panic, at most {worst} bytes allocated", iterations());
+}
+
+fn kserve_seeds() -> Vec<Vec<u8>> {
+    vec![
+        br#"{"id":"1","inputs":[{"name":"INPUT0","shape":[1,4],"datatype":"INT32","data":[1,2,3,4]}],"outputs":[{"name":"OUTPUT0"}]}"#.to_vec(),
+        br#"{"inputs":[{"name":"s","shape":[2],"datatype":"BYTES","data":["a","b"]}],"parameters":{"priority":1,"timeout":5}}"#.to_vec(),
+        br#"{"inputs":[{"name":"x","shape":[2],"datatype":"FP32","parameters":{"binary_data_size":8}}],"outputs":[{"name":"y","parameters":{"binary_data":true,"classification":2}}]}"#.to_vec(),
+        br#"{"inputs":[{"name":"x","shape":[2,2],"datatype":"FP16","data":[[1.5,2],[3,4]]}]}"#.to_vec(),
+    ]
+}
+
+#[test]
+fn fuzz_every_decoder() {
+    let shm = ferry::shm::SharedMemory::new(false);
+    // KServe JSON, and the binary extension (the header length from the input's last byte).
+    fuzz(
+        "kserve json/binary",
+        kserve_seeds(),
+        |i| 64 * i.len() + (1 << 20),
+        |input| {
+            let header_len = input.last().map(|&b| b as usize * 2).filter(|&n| n <= input.len());
+            let _ = ferry::frontend::json::decode("m", None, Bytes::copy_from_slice(input), None, &shm);
+            let _ = ferry::frontend::json::decode("m", Some(1), Bytes::copy_from_slice(input), header_len, &shm);
+        },
+    );
+
+    // gRPC: random wire bytes decoded as a ModelInferRequest, then converted.
+    let grpc_seeds: Vec<Vec<u8>> = {
+        use ferry::proto::inference::{ModelInferRequest, model_infer_request::InferInputTensor};
+        use prost::Message;
+        let r = ModelInferRequest {
+            model_name: "m".into(),
+            inputs: vec![InferInputTensor {
+                name: "x".into(),
+                datatype: "INT32".into(),
+                shape: vec![1, 2],
+                ..Default::default()
+            }],
+            raw_input_contents: vec![Bytes::from_static(&[1, 0, 0, 0, 2, 0, 0, 0])],
+            ..Default::default()
+        };
+        vec![r.encode_to_vec(), ModelInferRequest::default().encode_to_vec()]
+    };
+    fuzz(
+        "grpc convert",
+        grpc_seeds,
+        |i| 32 * i.len() + (1 << 20),
+        |input| {
+            use prost::Message;
+            if let Ok(r) = ferry::proto::inference::ModelInferRequest::decode(input) {
+                let _ = ferry::frontend::grpc::convert::request(r, &shm);
+            }
+        },
+    );
+
+    // config.pbtxt, from the examples' configs.
+    let configs: Vec<Vec<u8>> = ["simple", "simple_string", "text_classifier", "text_classifier_pre"]
+        .iter()
+        .map(|m| std::fs::read(format!("{}/examples/{m}/config.pbtxt", env!("CARGO_MANIFEST_DIR"))).unwrap())
+        .collect();
+    fuzz(
+        "config.pbtxt",
+        configs,
+        |i| 256 * i.len() + (4 << 20),
+        |input| {
+            let _ = ferry::repository::pbtxt::parse(&String::from_utf8_lossy(input));
+        },
+    );
+
+    // Vertex AI instances against a model with INT32 [4] and BYTES [1] inputs.
+    let meta = vec![
+        ferry::engine::TensorMetadata {
+            name: "a".into(),
+            datatype: ferry::tensor::DataType::Int32,
+            shape: vec![-1, 4],
+        },
+        ferry::engine::TensorMetadata {
+            name: "s".into(),
+            datatype: ferry::tensor::DataType::Bytes,
+            shape: vec![-1, 1],
+        },
+    ];
+    let instances = vec![
+        br#"{"instances":[{"a":[1,2,3,4],"s":["x"]},{"a":[5,6,7,8],"s":["y"]}],"parameters":{"k":1}}"#.to_vec(),
+        br#"{"instances":[[1,2,3,4]]}"#.to_vec(),
+    ];
+    fuzz(
+        "vertex instances",
+        instances,
+        |i| 64 * i.len() + (1 << 20),
+        |input| {
+            let _ = ferry::frontend::instances::requests("m", input, &meta, 4);
+            let _ = ferry::frontend::instances::requests("m", input, &meta, 0);
+        },
+    );
+
+    // The response cache's entries (a shared Redis holds what any replica wrote).
+    let cached = ferry::cache::Cached {
+        parameters: [("p".to_string(), ferry::request::ParamValue::Int(3))].into(),
+        outputs: vec![ferry::tensor::Tensor {
+            name: "y".into(),
+            datatype: ferry::tensor::DataType::Fp32,
+            shape: vec![1, 2],
+            data: Bytes::from_static(&[0; 8]),
+        }],
+    };
+    fuzz(
+        "cache codec",
+        vec![ferry::cache::codec::encode(&cached)],
+        |i| 8 * i.len() + (64 << 10),
+        |input| {
+            let _ = ferry::cache::codec::decode(Bytes::copy_from_slice(input));
+        },
+    );
+
+    // Shared-memory bookkeeping: random registrations, reads and writes on a real object.
+    let key = format!("ferry-fuzz-{}", std::process::id());
+    std::fs::write(format!("/dev/shm/{key}"), vec![0u8; 4096]).unwrap();
+    let shm = ferry::shm::SharedMemory::new(true);
+    let ops: Vec<Vec<u8>> = vec![(0u8..32).collect()];
+    fuzz(
+        "shared memory",
+        ops,
+        |_| 1 << 20,
+        |input| {
+            let n = |i: usize| input.get(i).copied().unwrap_or(0) as u64;
+            let (offset, size) = (n(0) * 64 + n(1), n(2) * 64 + n(3));
+            let name = if n(4) % 2 == 0 { "a" } else { "b" };
+            let _ = shm.register(name, &key, offset, size);
+            let _ = shm.read(name, n(5) * 16, n(6) * 16);
+            let _ = shm.write(name, n(7), n(8) * 8, "o", &input[..input.len().min(64)]);
+            if n(9) % 3 == 0 {
+                let _ = shm.unregister(Some(name));
+            }
+        },
+    );
+    let _ = std::fs::remove_file(format!("/dev/shm/{key}"));
+}
