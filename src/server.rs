@@ -162,7 +162,8 @@ pub async fn run(
     };
     let loader = Loader::new(backends, Arc::clone(&registry), options);
     let sources = Sources::new(&roots, &config.storage.settings, &config.storage.cache_dir)?;
-    let repository = Arc::new(ModelRepository::new(sources, loader, config.control));
+    let listing_max_age = Duration::from_secs(config.storage.poll_secs);
+    let repository = Arc::new(ModelRepository::new(sources, loader, config.control, listing_max_age));
     let info = ServerInfo {
         name: config.server_id.clone(),
         version: env!("CARGO_PKG_VERSION").to_string(),

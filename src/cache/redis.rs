@@ -214,7 +214,10 @@ impl RedisTier {
                 Some(c)
             }
             None => {
-                self.failed("lookup", "the stored entry does not decode (written by another version?)");
+                // One bad entry is a miss for that key only (the miss stores a good one over it):
+                // Redis itself answered fine, so the shared tier stays on for everyone.
+                self.errors.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(server = %self.describe(), "response cache: a Redis entry does not decode; treated as a miss");
                 None
             }
         }

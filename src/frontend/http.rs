@@ -252,7 +252,16 @@ pub async fn read_request(s: &HttpState, headers: &HeaderMap, body: Body) -> Res
         }
     };
     let raw = encoding::read_body(body, declared, s.max_input_size).await.map_err(limit)?;
-    encoding::decompress(raw, header_str(headers, "content-encoding"), s.max_input_size).map_err(limit)
+    let coding = header_str(headers, "content-encoding").map(str::to_string);
+    if coding.is_none() || raw.len() < 64 << 10 {
+        return encoding::decompress(raw, coding.as_deref(), s.max_input_size).map_err(limit);
+    }
+    // Inflating up to the size limit takes long enough to stall the async workers: off them.
+    let max = s.max_input_size;
+    tokio::task::spawn_blocking(move || encoding::decompress(raw, coding.as_deref(), max))
+        .await
+        .map_err(|e| Error::internal(format!("decompression failed: {e}")))?
+        .map_err(limit)
 }
 
 /// Decodes a KServe v2 infer body (JSON, binary extension, or raw binary when `header_len` is

@@ -14,7 +14,10 @@ pub fn default_model(engine: &Engine, configured: Option<&str>, knob: &str) -> R
     if let Some(m) = configured {
         return Ok(m.to_string());
     }
-    let names = engine.repository().model_names();
+    // What the registry knows (every model start-up tried, and every load since): no listing of
+    // folders or buckets on each request.
+    let mut names: Vec<String> = engine.registry().names();
+    names.dedup();
     match names.as_slice() {
         [one] => Ok(one.clone()),
         [] => Err(Error::unavailable("no model is in the model repository yet")),

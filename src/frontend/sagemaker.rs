@@ -54,15 +54,20 @@ impl SageMakerState {
     }
 }
 
+/// The routes; the multi-model API (`/models`) only on a multi-model endpoint
+/// (SAGEMAKER_MULTI_MODEL=true): on a single-model endpoint it would let any caller load models.
 pub fn router(state: Arc<SageMakerState>) -> Router {
-    Router::new()
+    let mut r = Router::new()
         .route("/ping", get(ping))
         .route("/invocations", post(invocations))
-        .route("/execution-parameters", get(execution_parameters))
-        .route("/models", post(load).get(list))
-        .route("/models/{name}", get(describe).delete(unload))
-        .route("/models/{name}/invoke", post(invoke))
-        .fallback(|| async { (StatusCode::NOT_FOUND, axum::Json(json!({"error": "Not Found"}))) })
+        .route("/execution-parameters", get(execution_parameters));
+    if state.settings.multi_model {
+        r = r
+            .route("/models", post(load).get(list))
+            .route("/models/{name}", get(describe).delete(unload))
+            .route("/models/{name}/invoke", post(invoke));
+    }
+    r.fallback(|| async { (StatusCode::NOT_FOUND, axum::Json(json!({"error": "Not Found"}))) })
         .method_not_allowed_fallback(|| async {
             (StatusCode::METHOD_NOT_ALLOWED, axum::Json(json!({"error": "Method Not Allowed"})))
         })
@@ -216,7 +221,9 @@ async fn load(State(s): State<Arc<SageMakerState>>, headers: HeaderMap, body: ax
         return error_response(&Error::invalid("the load request needs \"model_name\" and \"url\""));
     };
     let name = header_str(&headers, TARGET_MODEL).unwrap_or(model_name).to_string();
-    if s.models().contains_key(model_name) {
+    // A load never replaces a model that serves (another endpoint model under the same name).
+    let taken = s.models().contains_key(model_name) || s.http.engine.registry().resolve(&name, None).is_ok();
+    if taken {
         return (StatusCode::CONFLICT, axum::Json(json!({"error": format!("model '{model_name}' is already loaded")})))
             .into_response();
     }

@@ -59,11 +59,14 @@ pub struct Selection {
     pub versions: usize,
 }
 
-/// `model/<version>/...` → the version folder's name.
+/// `model/<version>/...` → the version folder's name. Only version folders count (positive
+/// integers not starting with 0): `warmup/`, `initial_state/` and `configs/` belong to the model
+/// and are staged whatever the markers say.
 pub fn version_of(rel: &str) -> Option<&str> {
     let mut parts = rel.splitn(3, '/');
     let (_model, v, rest) = (parts.next()?, parts.next()?, parts.next());
-    rest.is_some().then_some(v)
+    let numeric = !v.is_empty() && !v.starts_with('0') && v.bytes().all(|b| b.is_ascii_digit());
+    (rest.is_some() && numeric).then_some(v)
 }
 
 fn is_marker(rel: &str) -> bool {
@@ -164,6 +167,23 @@ mod tests {
         assert_eq!(rels(&s), vec!["m/config.pbtxt", "m/1/model.onnx"]);
         assert_eq!(s.versions, 1);
         assert!(s.held[0].contains("version 2 is not complete"), "{:?}", s.held);
+    }
+
+    #[test]
+    fn model_folders_that_are_not_versions_are_staged_with_markers() {
+        let objects = vec![
+            o("m/config.pbtxt", 1),
+            o("m/1/model.onnx", 5),
+            o("m/1/_READY", 0),
+            o("m/warmup/sample.bin", 16),
+            o("m/initial_state/state.bin", 8),
+        ];
+        let s = select(&objects, None, &HashMap::new());
+        assert_eq!(
+            rels(&s),
+            vec!["m/config.pbtxt", "m/1/model.onnx", "m/warmup/sample.bin", "m/initial_state/state.bin"]
+        );
+        assert!(s.held.is_empty(), "{:?}", s.held);
     }
 
     #[test]

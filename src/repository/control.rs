@@ -49,6 +49,8 @@ pub struct ModelRepository {
     pub(super) sources: Sources,
     pub(super) loader: Loader,
     pub(super) mode: ControlMode,
+    /// How old a bucket listing may be when the index is asked for (the poll interval).
+    listing_max_age: std::time::Duration,
     /// One load or unload at a time per model.
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Folders written from load-request files, kept while their model may use them.
@@ -57,11 +59,12 @@ pub struct ModelRepository {
 }
 
 impl ModelRepository {
-    pub fn new(sources: Sources, loader: Loader, mode: ControlMode) -> Self {
+    pub fn new(sources: Sources, loader: Loader, mode: ControlMode, listing_max_age: std::time::Duration) -> Self {
         ModelRepository {
             sources,
             loader,
             mode,
+            listing_max_age,
             locks: Mutex::default(),
             inline: Mutex::default(),
             seen: Mutex::default(),
@@ -78,8 +81,12 @@ impl ModelRepository {
     }
 
     async fn find(&self, name: &str) -> Result<Found> {
-        let (found, duplicates) =
-            self.sources.scan().await.map_err(|e| Error::unavailable(format!("failed to load '{name}': {e}")))?;
+        let (found, duplicates) = self.sources.scan().await.map_err(|e| {
+            tracing::error!(model = name, error = %e, "cannot list the model repositories");
+            Error::unavailable(format!(
+                "failed to load '{name}': the model repositories could not be listed (the server log has the details)"
+            ))
+        })?;
         if let Some((_, reason)) = duplicates.iter().find(|(n, _)| n == name) {
             return Err(Error::invalid(format!("failed to load '{name}': {reason}")));
         }
@@ -96,15 +103,30 @@ impl ModelRepository {
     async fn load_plan(&self, name: &str, plan: &Plan) -> Result<()> {
         let dir = self.stage(name, plan).await?;
         self.load_dependencies(name, &dir, None, &[]).await?;
-        self.loader.load(name, &dir, None).await
+        self.load_staged(name, &dir, None).await
+    }
+
+    /// Loads a staged folder; once it serves, older staging copies of the model go.
+    pub(super) async fn load_staged(
+        &self,
+        name: &str,
+        dir: &Path,
+        config: Option<crate::proto::inference::ModelConfig>,
+    ) -> Result<()> {
+        self.loader.load(name, dir, config).await?;
+        self.sources.collect_garbage(name, dir).await;
+        Ok(())
     }
 
     /// The local folder of a plan (downloaded when remote).
     pub(super) async fn stage(&self, name: &str, plan: &Plan) -> Result<std::path::PathBuf> {
         self.sources.fetch(name, plan).await.map_err(|reason| {
+            // The full reason names buckets, paths and the server's cloud identity: the log has
+            // it; clients (and the index they read) get what happened, not where.
             tracing::error!(model = name, error = %reason, "model files could not be staged");
-            self.loader.registry().fail_model(name, &reason);
-            Error::unavailable(format!("failed to load '{name}': {reason}"))
+            let shown = super::storage::public_reason(&reason);
+            self.loader.registry().fail_model(name, &shown);
+            Error::unavailable(format!("failed to load '{name}': {shown}"))
         })
     }
 
@@ -143,7 +165,7 @@ impl ModelRepository {
                 let mut deeper = chain.to_vec();
                 deeper.push(name.to_string());
                 self.load_dependencies(&dep, &dep_dir, None, &deeper).await?;
-                self.loader.load(&dep, &dep_dir, None).await?;
+                self.load_staged(&dep, &dep_dir, None).await?;
             }
             Ok(())
         })
@@ -276,7 +298,7 @@ impl ModelRepository {
             }
             let dir = self.stage(name, &plan).await?;
             self.load_dependencies(name, &dir, config.as_ref(), &[]).await?;
-            return self.loader.load(name, &dir, config).await;
+            return self.load_staged(name, &dir, config).await;
         }
         if config.is_none() {
             return Err(Error::invalid(format!(
@@ -300,21 +322,15 @@ impl ModelRepository {
         self.loader.load_as(name, dir, None, true).await
     }
 
-    /// The names of every model the repositories hold or that was loaded.
-    pub fn model_names(&self) -> Vec<String> {
-        let mut names: Vec<String> = self.index(false).into_iter().map(|e| e.name).collect();
-        names.dedup();
-        names
-    }
-
     /// Download progress of remote repositories (bytes done and total), while there is some.
     pub fn progress(&self) -> Option<serde_json::Value> {
         self.sources.progress()
     }
 
-    /// `index` after listing the remote repositories again.
+    /// `index` after listing the remote repositories again, when the last listing is older than
+    /// the poll interval.
     pub async fn index_fresh(&self, ready_only: bool) -> Vec<IndexEntry> {
-        self.sources.refresh().await;
+        self.sources.refresh(self.listing_max_age).await;
         self.index(ready_only)
     }
 

@@ -135,6 +135,11 @@ impl Registry {
             .collect()
     }
 
+    /// Every model the registry knows and that was not unloaded on purpose, by name.
+    pub fn names(&self) -> Vec<String> {
+        self.read().iter().filter(|(_, e)| !e.unloaded).map(|(n, _)| n.clone()).collect()
+    }
+
     pub fn contains(&self, name: &str) -> bool {
         self.read().contains_key(name)
     }
@@ -286,6 +291,12 @@ impl Registry {
         {
             e.unloaded = true;
         }
+    }
+
+    /// A model start-up is about to load: known (and waited for by strict readiness) before its
+    /// files are even staged.
+    pub fn expect(&self, name: &str) {
+        self.write().entry(name.to_string()).or_default().unloaded = false;
     }
 
     /// Records a model name that exists in a repository but is not loaded.

@@ -93,13 +93,57 @@ fn walk_at(root: &Path, dir: &Path, out: &mut Vec<String>, depth: usize) {
     }
 }
 
+fn sweep(models: &Path, objects: &Path, keep: &Path, model: &str) {
+    use std::os::unix::fs::MetadataExt;
+    for e in std::fs::read_dir(models).into_iter().flatten().flatten() {
+        let p = e.path();
+        let name = e.file_name().to_string_lossy().to_string();
+        let stale_partial = name
+            .rsplit_once(".partial-")
+            .is_some_and(|(_, pid)| pid != std::process::id().to_string() && !Path::new("/proc").join(pid).exists());
+        let older = !name.contains(".partial") && p != keep && p.join(model).is_dir();
+        if stale_partial || older {
+            let _ = std::fs::remove_dir_all(&p);
+        }
+    }
+    let mut freed = 0u64;
+    for e in std::fs::read_dir(objects).into_iter().flatten().flatten() {
+        if let Ok(meta) = e.metadata()
+            && meta.is_file()
+            && meta.nlink() == 1
+            && std::fs::remove_file(e.path()).is_ok()
+        {
+            freed += meta.len();
+        }
+    }
+    if freed > 0 {
+        tracing::debug!(bytes = freed, "model cache: removed files no model uses");
+    }
+}
+
+/// Builds a staging copy under a temporary name, then renames it into place whole.
+fn assemble(partial: &Path, dir: &Path, links: &[(PathBuf, String)], model: &str) -> Result<(), String> {
+    let _ = std::fs::remove_dir_all(partial);
+    for (from, rel) in links {
+        let target = partial.join(rel);
+        std::fs::create_dir_all(target.parent().unwrap_or(partial)).map_err(|e| e.to_string())?;
+        if std::fs::hard_link(from, &target).is_err() {
+            std::fs::copy(from, &target).map_err(|e| format!("cannot stage '{rel}': {e}"))?;
+        }
+    }
+    std::fs::rename(partial, dir).map_err(|e| format!("cannot move the staging copy of '{model}' into place: {e}"))
+}
+
 pub struct Sources {
     roots: Vec<Root>,
     cache: PathBuf,
     settings: StorageSettings,
     progress: Arc<Progress>,
-    /// The last listing of each remote root, for the names the index shows.
+    /// The last listing of each remote root, for the names the index shows, and when it was made.
     listings: Mutex<HashMap<usize, Vec<Object>>>,
+    listed_at: Mutex<Option<Instant>>,
+    /// One index refresh at a time (the others wait and use its listing).
+    refreshing: tokio::sync::Mutex<()>,
     manifest_cache: Mutex<HashMap<String, Result<Manifest, String>>>,
     /// Downloads running now.
     downloading: AtomicUsize,
@@ -168,6 +212,8 @@ impl Sources {
             settings: settings.clone(),
             progress: Arc::default(),
             listings: Mutex::default(),
+            listed_at: Mutex::default(),
+            refreshing: tokio::sync::Mutex::new(()),
             manifest_cache: Mutex::default(),
             downloading: AtomicUsize::new(0),
             gc: tokio::sync::RwLock::new(()),
@@ -213,6 +259,7 @@ impl Sources {
                 }
             }
             self.listings.lock().unwrap_or_else(|p| p.into_inner()).insert(i, objects);
+            *self.listed_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
             for (name, objects) in by_model {
                 found.push((
                     Found { name: name.clone(), place: Place::Remote(i, objects) },
@@ -236,11 +283,16 @@ impl Sources {
         Ok((out, duplicates))
     }
 
-    /// Lists the remote roots again (for the repository index).
-    pub async fn refresh(&self) {
-        if self.roots.iter().any(|r| matches!(r, Root::Remote(..)))
-            && let Err(e) = self.scan().await
-        {
+    /// Lists the remote roots again for the repository index, unless the last listing (a
+    /// poll's, a load's, or another index call's) is younger than `max_age`: however often
+    /// clients ask, buckets are listed at most once per `max_age`.
+    pub async fn refresh(&self, max_age: std::time::Duration) {
+        if !self.roots.iter().any(|r| matches!(r, Root::Remote(..))) {
+            return;
+        }
+        let _one = self.refreshing.lock().await;
+        let fresh = self.listed_at.lock().unwrap_or_else(|p| p.into_inner()).is_some_and(|t| t.elapsed() < max_age);
+        if !fresh && let Err(e) = self.scan().await {
             tracing::warn!(error = %e, "cannot list the model repositories");
         }
     }
@@ -343,38 +395,20 @@ impl Sources {
     }
 
     async fn stage(&self, remote: &Remote, model: &str, objects: &[Object]) -> Result<PathBuf, String> {
-        let dir = {
-            let _staging = self.gc.read().await;
-            self.stage_locked(remote, model, objects).await?
-        };
-        self.collect_garbage(model, &dir).await;
-        Ok(dir.join(model))
+        let _staging = self.gc.read().await;
+        Ok(self.stage_locked(remote, model, objects).await?.join(model))
     }
 
-    /// Removes the model's older staging copies, then cached objects no staging copy links to.
-    async fn collect_garbage(&self, model: &str, keep: &Path) {
-        use std::os::unix::fs::MetadataExt;
+    /// Once `dir` (a staging copy) serves `model`: removes the model's older staging copies,
+    /// staging left half-done by processes that are gone, then cached objects no staging copy
+    /// links to. Not before: a load that fails leaves the old copy serving (and a Python model's
+    /// process restarts from its folder). Local folders are never touched.
+    pub async fn collect_garbage(&self, model: &str, dir: &Path) {
+        let models = self.cache.join("models");
+        let Some(keep) = dir.parent().filter(|p| p.parent() == Some(models.as_path())) else { return };
         let _alone = self.gc.write().await;
-        for e in std::fs::read_dir(self.cache.join("models")).into_iter().flatten().flatten() {
-            let p = e.path();
-            let partial = p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.contains(".partial"));
-            if p != keep && !partial && p.join(model).is_dir() {
-                let _ = std::fs::remove_dir_all(&p);
-            }
-        }
-        let mut freed = 0u64;
-        for e in std::fs::read_dir(self.cache.join("objects")).into_iter().flatten().flatten() {
-            if let Ok(meta) = e.metadata()
-                && meta.is_file()
-                && meta.nlink() == 1
-                && std::fs::remove_file(e.path()).is_ok()
-            {
-                freed += meta.len();
-            }
-        }
-        if freed > 0 {
-            tracing::debug!(bytes = freed, "model cache: removed files no model uses");
-        }
+        let (keep, objects, model) = (keep.to_path_buf(), self.cache.join("objects"), model.to_string());
+        let _ = tokio::task::spawn_blocking(move || sweep(&models, &objects, &keep, &model)).await;
     }
 
     async fn stage_locked(&self, remote: &Remote, model: &str, objects: &[Object]) -> Result<PathBuf, String> {
@@ -439,18 +473,14 @@ impl Sources {
         let models_dir = self.cache.join("models");
         let dir = models_dir.join(&digest);
         if !dir.is_dir() {
-            let partial = models_dir.join(format!("{digest}.partial-{}", std::process::id()));
-            let _ = std::fs::remove_dir_all(&partial);
-            for o in objects {
-                let target = partial.join(&o.rel);
-                std::fs::create_dir_all(target.parent().unwrap_or(&partial)).map_err(|e| e.to_string())?;
-                let from = store_dir.join(key(o));
-                if std::fs::hard_link(&from, &target).is_err() {
-                    std::fs::copy(&from, &target).map_err(|e| format!("cannot stage '{}': {e}", o.rel))?;
-                }
-            }
-            std::fs::rename(&partial, &dir)
-                .map_err(|e| format!("cannot move the staging copy of '{model}' into place: {e}"))?;
+            // Links (or copies) of whole model files: blocking work, off the async workers.
+            let links: Vec<(PathBuf, String)> =
+                objects.iter().map(|o| (store_dir.join(key(o)), o.rel.clone())).collect();
+            let (partial, dir, model) =
+                (models_dir.join(format!("{digest}.partial-{}", std::process::id())), dir.clone(), model.to_string());
+            tokio::task::spawn_blocking(move || assemble(&partial, &dir, &links, &model))
+                .await
+                .map_err(|e| format!("staging failed: {e}"))??;
         }
         Ok(dir)
     }

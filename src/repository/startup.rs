@@ -61,6 +61,9 @@ impl ModelRepository {
             }
             found.iter().filter(|f| load_models.contains(&f.name)).map(|f| f.name.clone()).collect()
         };
+        for name in &wanted {
+            self.loader.registry().expect(name);
+        }
         // Stage, then add composing models nobody asked for, until nothing is missing.
         let mut staged: BTreeMap<String, PathBuf> = BTreeMap::new();
         let mut deps: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -73,6 +76,7 @@ impl ModelRepository {
                         let steps = ensemble_steps(&dir, None);
                         for d in &steps {
                             if !staged.contains_key(d) && d != &name && found.iter().any(|f| &f.name == d) {
+                                self.loader.registry().expect(d);
                                 wanted.push(d.clone());
                             }
                         }
@@ -144,7 +148,7 @@ impl ModelRepository {
                 let _permit = limit.acquire().await;
                 let lock = repo.lock_for(&name);
                 let _guard = lock.lock().await;
-                repo.loader.load(&name, &dir, None).await
+                repo.load_staged(&name, &dir, None).await
             });
         }
         let mut failures = Vec::new();

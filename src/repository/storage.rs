@@ -57,6 +57,32 @@ impl Default for StorageSettings {
     }
 }
 
+/// A storage failure as clients may see it: bucket names, object paths under them, and the
+/// server's cloud identity (ARNs, service-account e-mails, key ids) are replaced, the rest kept.
+/// The log keeps the full text.
+pub fn public_reason(reason: &str) -> String {
+    static PATTERNS: std::sync::OnceLock<Vec<(regex::Regex, &'static str)>> = std::sync::OnceLock::new();
+    let patterns = PATTERNS.get_or_init(|| {
+        [
+            (r#"\b(s3|gs|az)://[^\s'"]+"#, "<bucket>"),
+            (r#"bucket '[^']*'"#, "bucket <bucket>"),
+            (r#"object '[^']*'"#, "object <path>"),
+            (r#"arn:aws[^\s'"]*"#, "<principal>"),
+            (r#"[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}"#, "<principal>"),
+            (r#"access key \S+"#, "access key <hidden>"),
+            (r#"https?://[^\s'"]+"#, "<endpoint>"),
+        ]
+        .into_iter()
+        .map(|(p, r)| (regex::Regex::new(p).expect("a valid pattern"), r))
+        .collect()
+    });
+    patterns.iter().fold(reason.to_string(), |text, (re, with)| re.replace_all(&text, *with).into_owned())
+}
+
+/// Tags that are not ETags: a generation (pinned with `version`) or a time (not pinned).
+const GENERATION: &str = "generation:";
+const MTIME: &str = "mtime:";
+
 /// One object under a repository prefix.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Object {
@@ -277,7 +303,11 @@ impl Remote {
             .into_iter()
             .filter_map(|m| {
                 let rel = m.location.as_ref().get(skip..)?.to_string();
-                let tag = m.e_tag.or(m.version).unwrap_or_else(|| m.last_modified.timestamp_millis().to_string());
+                let tag = match (m.e_tag, m.version) {
+                    (Some(etag), _) => etag,
+                    (None, Some(generation)) => format!("{GENERATION}{generation}"),
+                    (None, None) => format!("{MTIME}{}", m.last_modified.timestamp_millis()),
+                };
                 (!rel.is_empty() && !rel.ends_with('/')).then_some(Object { rel, size: m.size, tag })
             })
             .collect();
@@ -289,18 +319,32 @@ impl Remote {
     async fn fetch_part(
         &self,
         path: &ObjPath,
+        tag: &str,
         r: std::ops::Range<u64>,
         file: Arc<std::fs::File>,
         whole: bool,
     ) -> Result<u64, String> {
         let what = format!("reading object '{path}'");
         let _slot = self.requests.acquire().await.map_err(|e| e.to_string())?;
-        let bytes = if whole {
-            let got = self.store.get(path).await.map_err(|e| self.access_error(&what, e))?;
-            got.bytes().await.map_err(|e| self.access_error(&what, e))?
-        } else {
-            self.store.get_range(path, r.clone()).await.map_err(|e| self.access_error(&what, e))?
+        // Every part is pinned to the listing's ETag (or generation): an object replaced during
+        // the download fails it instead of stitching two uploads together.
+        let mut options = object_store::GetOptions::default();
+        if let Some(generation) = tag.strip_prefix(GENERATION) {
+            options.version = Some(generation.to_string());
+        } else if !tag.starts_with(MTIME) {
+            options.if_match = Some(tag.to_string());
+        }
+        if !whole {
+            options.range = Some(object_store::GetRange::Bounded(r.clone()));
+        }
+        let changed = |e: object_store::Error| match e {
+            object_store::Error::Precondition { .. } => {
+                format!("{what}: the object changed while it was downloaded; it is fetched again at the next attempt")
+            }
+            e => self.access_error(&what, e),
         };
+        let got = self.store.get_opts(path, options).await.map_err(changed)?;
+        let bytes = got.bytes().await.map_err(|e| self.access_error(&what, e))?;
         if bytes.len() as u64 != r.end - r.start {
             return Err(format!("{what}: got {} bytes for bytes {r:?}", bytes.len()));
         }
@@ -324,7 +368,8 @@ impl Remote {
         let ranges: Vec<std::ops::Range<u64>> =
             (0..obj.size.div_ceil(part).max(1)).map(|i| i * part..((i + 1) * part).min(obj.size)).collect();
         let whole = ranges.len() == 1;
-        let parts: Vec<_> = ranges.into_iter().map(|r| self.fetch_part(&path, r, Arc::clone(&file), whole)).collect();
+        let parts: Vec<_> =
+            ranges.into_iter().map(|r| self.fetch_part(&path, &obj.tag, r, Arc::clone(&file), whole)).collect();
         // The parts of one large object fill every free request slot (the semaphore in
         // fetch_part bounds the requests of all objects together).
         let mut parts = stream::iter(parts).buffer_unordered(self.settings.parallel.max(1));
@@ -393,4 +438,21 @@ pub fn sha256_file(file: &Path) -> Result<String, String> {
 
 pub fn md5_hex(text: &str) -> String {
     format!("{:x}", Md5::digest(text.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn public_reasons_hide_buckets_and_identities() {
+        let full = "download of model 'm' failed: reading object 'repo/m/1/model.onnx' in bucket 'secret-models' \
+                    access denied for arn:aws:sts::123456789012:assumed-role/ferry/i-0abc: s3://secret-models/repo \
+                    (ferry@proj.iam.gserviceaccount.com at https://storage.googleapis.com/x)";
+        let shown = super::public_reason(full);
+        for secret in ["secret-models", "123456789012", "iam.gserviceaccount", "repo/m/1", "googleapis"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("download of model 'm' failed") && shown.contains("access denied"), "{shown}");
+        let digest = "'model.onnx' has MD5 abc, its _MANIFEST.json says def";
+        assert_eq!(super::public_reason(digest), digest);
+    }
 }

@@ -317,3 +317,27 @@ def test_a_slow_or_dead_redis_never_fails_a_request(fresh_repo, redis):
         finally:
             c2.stop()
         assert stats(s, "cached")["inference_count"] == before
+
+
+def test_an_undecodable_redis_entry_is_a_miss_for_its_key_only(fresh_repo, redis):
+    """One bad entry (another writer, a bit flip) costs a miss for that key; the shared tier stays
+    on for every other key."""
+    add_mul(fresh_repo, "cached")
+    with Server(["--model-repository", fresh_repo, *redis.config(local=False)]) as one:
+        one.client().infer("cached", inputs(httpclient, [1, 2, 3, 4]))
+        one.client().infer("cached", inputs(httpclient, [5, 6, 7, 8]))
+        wait_for(lambda: len(redis.keys()) == 2)
+        bad = redis.keys()[0]
+        redis.call("SET", bad, "not an entry")
+        with Server(["--model-repository", fresh_repo, *redis.config(local=False)]) as two:
+            c = two.client()
+            for a in ([1, 2, 3, 4], [5, 6, 7, 8]):
+                z = c.infer("cached", inputs(httpclient, a)).as_numpy("z")
+                np.testing.assert_array_equal(z, np.array([a], dtype=np.float32) ** 2)
+            assert stats(two, "cached")["inference_count"] == 1, "only the bad key ran the model"
+            values, _ = parse(two.metrics())
+            assert value(values, "ferry_cache_shared_hits_total") == 1
+            # The good entry is served again right away: the tier did not rest.
+            c.infer("cached", inputs(httpclient, [9, 9, 9, 9]))
+            wait_for(lambda: len(redis.keys()) == 3)
+            assert "Redis lookup failed" not in two.log()

@@ -472,3 +472,33 @@ def test_restricted_apis_need_their_header_over_http_and_grpc(fresh_repo):
         assert g.is_server_ready() and g.get_model_metadata("simple").name == "simple"
         gins = [grpcclient.InferInput(n, [1, 16], "INT32").set_data_from_numpy(a) for n in ("INPUT0", "INPUT1")]
         assert g.infer("simple", gins).as_numpy("OUTPUT0")[0, 0] == 2
+
+
+def test_sagemaker_model_api_only_on_multi_model_endpoints_and_never_replacing(tmp_path):
+    import shutil
+
+    from conftest import EXAMPLES
+    from platforms import request
+    from test_sagemaker import port, sagemaker
+
+    single = tmp_path / "single"
+    shutil.copytree(os.path.join(EXAMPLES, "simple"), single / "simple")
+    with sagemaker(single) as s:
+        status, _, _ = request(port(s), "POST", "/models", {"model_name": "x", "url": "/opt/ml/models/a/model"})
+        assert status == 404, "no model API on a single-model endpoint"
+        assert request(port(s), "GET", "/ping")[0] == 200
+    root = tmp_path / "models"
+    for mid in ("h1", "h2"):
+        shutil.copytree(os.path.join(EXAMPLES, "simple"), root / mid / "model")
+    env = {"SAGEMAKER_MULTI_MODEL": "true", "FERRY_SAGEMAKER_MODELS_ROOT": str(root)}
+    with sagemaker(tmp_path / "unused", env=env) as s:
+        target = {"X-Amzn-SageMaker-Target-Model": "shared.tar.gz"}
+        assert request(port(s), "POST", "/models", {"model_name": "h1", "url": str(root / "h1" / "model")}, target)[0] == 200
+        status, _, body = request(port(s), "POST", "/models", {"model_name": "h2", "url": str(root / "h2" / "model")}, target)
+        assert status == 409, body
+        assert request(port(s), "POST", "/models/h1/invoke", kserve_body())[0] == 200
+
+
+def kserve_body():
+    from platforms import kserve_simple
+    return kserve_simple([1] * 16, [1] * 16)
