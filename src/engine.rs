@@ -328,6 +328,19 @@ impl Engine {
             let result = self.run_ensemble(&model, Arc::clone(ensemble), validated).await;
             return (model, result);
         }
+        if let (Some(seqs), Runner::Scheduler(scheduler)) = (&model.sequences, &model.runner) {
+            let result = seqs
+                .run(validated, |req| async move {
+                    match scheduler.submit(req) {
+                        Ok(reply) => reply.await.unwrap_or_else(|_| {
+                            Err(Error::internal(format!("model '{name}': the instance running this request failed")))
+                        }),
+                        Err(_) => Err(Error::unavailable(format!("model '{name}' is unloading"))),
+                    }
+                })
+                .await;
+            return (model.clone(), result);
+        }
         let reply = loop {
             let Runner::Scheduler(scheduler) = &model.runner else {
                 return (

@@ -126,6 +126,8 @@ pub struct ModelVersion {
     pub config: Arc<ModelConfig>,
     pub schema: Arc<Schema>,
     pub runner: Runner,
+    /// The sequence batcher of a `sequence_batching` model (slots, implicit state).
+    pub sequences: Option<Arc<crate::scheduler::sequence::Sequences>>,
     pub stats: Arc<Stats>,
     /// A digest of what the version computes with (its files and effective config), for the
     /// response cache's keys; empty when the cache does not serve it.

@@ -358,6 +358,12 @@ impl Metrics {
             &l,
             s.pending as f64,
         );
+        if let Some(seqs) = &m.sequences {
+            let c = seqs.counts();
+            f.gauge("ferry_sequences_active", "Sequences holding a slot (and their state)", &l, c.active as f64);
+            f.gauge("ferry_sequences_waiting", "New sequences waiting for a free slot", &l, c.waiting as f64);
+            f.gauge("ferry_sequence_slots", "Sequences the model serves at once", &l, c.slots as f64);
+        }
         if self.settings.counter_latencies {
             let total = Tally { count: s.success.count, ns: s.success.ns };
             f.counter(

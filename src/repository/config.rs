@@ -7,8 +7,9 @@ use super::pbtxt;
 use crate::{
     backend::{ModelIo, TensorInfo},
     proto::inference::{
-        ModelConfig, ModelDynamicBatching, ModelInput, ModelInstanceGroup, ModelOutput, ModelTensorReshape,
-        ModelVersionPolicy, model_config::SchedulingChoice, model_instance_group::Kind, model_version_policy,
+        ModelConfig, ModelDynamicBatching, ModelInput, ModelInstanceGroup, ModelOutput, ModelSequenceBatching,
+        ModelTensorReshape, ModelVersionPolicy, model_config::SchedulingChoice, model_instance_group::Kind,
+        model_version_policy,
     },
     tensor::{DataType, shape_string},
 };

@@ -14,7 +14,7 @@ use crate::{
     error::{Error, Result},
     model::{ModelVersion, Runner, Schema},
     proto::inference::{ModelConfig, model_config::SchedulingChoice},
-    scheduler::{BatchPolicy, ModelContext, Policy, QueuePolicy, Scheduler},
+    scheduler::{BatchPolicy, ModelContext, Policy, QueuePolicy, Scheduler, sequence},
     stats::Stats,
 };
 
@@ -222,13 +222,15 @@ fn load_version(
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(devices.len());
     let mut scalars = config::Scalars::default();
     let mut warmup: Option<Samples> = None;
+    // A sequence model also takes its implicit states and control inputs.
+    let facing = sequence::model_facing(&p.config);
     for (index, &device) in devices.iter().enumerate() {
         let mut instance =
             load_instance(&**backend, &path, &p.config, (device, index), threads).map_err(|e| e.to_string())?;
         if instances.is_empty()
             && let Some(io) = instance.model_io()
         {
-            scalars = config::check_against_model(&p.config, &io)?;
+            scalars = config::check_against_model(&facing, &io)?;
         }
         let samples = match &mut warmup {
             Some(w) => w,
@@ -239,17 +241,23 @@ fn load_version(
     }
     let schema = Schema::from_config(&p.config, p.labels.clone()).map_err(|e| e.to_string())?;
     let schema = Arc::new(schema.with_scalars(&scalars.inputs, &scalars.outputs));
+    let internal = Schema::from_config(&facing, p.labels.clone()).map_err(|e| e.to_string())?;
+    let internal = Arc::new(internal.with_scalars(&scalars.inputs, &scalars.outputs));
+    let read = |rel: &str, max: u64| crate::names::read_inside(dir, rel, max);
+    let plan = sequence::plan(&p.config, &internal, schema.outputs.len(), devices.len(), &read)?;
     let stats = Arc::new(Stats::new(options.recent_stats, options.histogram.clone()));
+    let sequence_batcher = sequence::batching(&p.config);
     let dynamic = match &p.config.scheduling_choice {
         Some(SchedulingChoice::DynamicBatching(db)) => Some(db),
-        _ => None,
+        _ => sequence_batcher.as_ref(),
     };
     let policy = Policy {
         batching: BatchPolicy::new(schema.max_batch_size, dynamic),
         queue: QueuePolicy::new(dynamic),
         preserve_ordering: dynamic.is_some_and(|d| d.preserve_ordering),
     };
-    let ctx = ModelContext { name: name.to_string(), version, schema: Arc::clone(&schema), stats: Arc::clone(&stats) };
+    let ctx =
+        ModelContext { name: name.to_string(), version, schema: Arc::clone(&internal), stats: Arc::clone(&stats) };
     let rebuild: crate::scheduler::Rebuild = {
         let (backend, path, config, devices) = (Arc::clone(backend), path.clone(), Arc::clone(&p.config), devices);
         Arc::new(move |i: usize| {
@@ -267,6 +275,7 @@ fn load_version(
         config: Arc::clone(&p.config),
         schema,
         runner: Runner::Scheduler(scheduler),
+        sequences: plan.map(sequence::Sequences::new),
         stats,
         content,
     })
@@ -292,6 +301,7 @@ fn load_ensemble(
         config: Arc::clone(&p.config),
         schema,
         runner: Runner::Ensemble(Arc::new(ensemble)),
+        sequences: None,
         stats: Arc::new(Stats::new(options.recent_stats, options.histogram.clone())),
         content,
     })

@@ -22,6 +22,7 @@ use crate::{
 mod batch;
 pub mod batcher;
 mod queue;
+pub mod sequence;
 
 pub use batcher::BatchPolicy;
 use queue::{Job, Queue};

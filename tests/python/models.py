@@ -241,3 +241,50 @@ output [ {{ name: "OUTPUT0" data_type: {dtype} dims: [ 4 ] }}, {{ name: "OUTPUT1
          {{ name: "BATCH" data_type: TYPE_INT32 dims: [ 1 ] }}, {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }} ]
 {extra}
 """
+
+
+def accumulator(repo, name="accumulator", max_batch_size=8, strategy="direct { }", idle_us=1000000, instances=1):
+    """A stateful model for the sequence batcher: OUTPUT = ACC_IN + INPUT (ACC_IN/ACC_OUT the
+    implicit state); CORR and START_OUT echo the CORRID and START control inputs."""
+    f = TensorProto.FLOAT
+    ins = [helper.make_tensor_value_info("INPUT", f, ["b", 1]), helper.make_tensor_value_info("ACC_IN", f, ["b", 1]),
+           helper.make_tensor_value_info("START", TensorProto.INT32, ["b", 1]),
+           helper.make_tensor_value_info("CORRID", TensorProto.UINT64, ["b", 1])]
+    outs = [helper.make_tensor_value_info(n, f, ["b", 1]) for n in ("OUTPUT", "ACC_OUT", "CORR", "START_OUT")]
+    nodes = [helper.make_node("Add", ["ACC_IN", "INPUT"], ["OUTPUT"]), helper.make_node("Identity", ["OUTPUT"], ["ACC_OUT"]),
+             helper.make_node("Cast", ["CORRID"], ["CORR"], to=f), helper.make_node("Cast", ["START"], ["START_OUT"], to=f)]
+    save(helper.make_graph(nodes, name, ins, outs), os.path.join(repo, name, "1", "model.onnx"))
+    write(os.path.join(repo, name, "config.pbtxt"), f"""
+max_batch_size: {max_batch_size}
+input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] }}, {{ name: "CORR" data_type: TYPE_FP32 dims: [ 1 ] }},
+         {{ name: "START_OUT" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
+sequence_batching {{
+  max_sequence_idle_microseconds: {idle_us}
+  {strategy}
+  control_input [
+    {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "CORRID" control [ {{ kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 }} ] }}
+  ]
+  state [ {{ input_name: "ACC_IN" output_name: "ACC_OUT" data_type: TYPE_FP32 dims: [ 1 ]
+            initial_state: {{ data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: "zero" }} }} ]
+}}
+""")
+
+
+SILERO_STATEFUL = """
+name: "silero_vad"
+backend: "onnxruntime"
+max_batch_size: 0
+input [
+  { name: "input" data_type: TYPE_FP32 dims: [ -1, -1 ] },
+  { name: "sr" data_type: TYPE_INT64 dims: [ 1 ] }
+]
+output [ { name: "output" data_type: TYPE_FP32 dims: [ -1, 1 ] } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 10000000
+  state [ { input_name: "state" output_name: "stateN" data_type: TYPE_FP32 dims: [ 2, 1, 128 ]
+            initial_state: { data_type: TYPE_FP32 dims: [ 2, 1, 128 ] zero_data: true name: "zeros" } } ]
+}
+"""

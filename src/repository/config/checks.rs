@@ -80,9 +80,7 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
     }
     match &cfg.scheduling_choice {
         Some(SchedulingChoice::DynamicBatching(db)) => validate_dynamic_batching(db, cfg.max_batch_size)?,
-        Some(SchedulingChoice::SequenceBatching(_)) => {
-            return Err("sequence_batching is not supported by ferry yet".into());
-        }
+        Some(SchedulingChoice::SequenceBatching(sb)) => validate_sequence_batching(cfg, sb)?,
         Some(SchedulingChoice::EnsembleScheduling(_)) if cfg.platform != "ensemble" => {
             return Err(format!("ensemble_scheduling needs platform: \"ensemble\" (model '{}')", cfg.name));
         }
@@ -180,6 +178,56 @@ fn check_warmup(cfg: &ModelConfig) -> Result<(), String> {
                         shape_string(&input.dims)
                     )
                 })?;
+        }
+    }
+    Ok(())
+}
+
+fn validate_sequence_batching(cfg: &ModelConfig, sb: &ModelSequenceBatching) -> Result<(), String> {
+    use crate::proto::inference::model_sequence_batching::{StrategyChoice, control::Kind};
+    let name = &cfg.name;
+    if cfg.response_cache.as_ref().is_some_and(|c| c.enable) {
+        return Err(format!("model '{name}': the response cache cannot be used with sequence_batching"));
+    }
+    if !cfg.model_warmup.is_empty() {
+        return Err(format!("model '{name}': model_warmup is not supported for sequence models by ferry"));
+    }
+    for ci in &sb.control_input {
+        let [k] = ci.control.as_slice() else {
+            return Err(format!("sequence_batching control_input '{}' must hold exactly one control", ci.name));
+        };
+        let kind = Kind::try_from(k.kind).map_err(|_| format!("control_input '{}' has an unknown kind", ci.name))?;
+        let lists = [!k.int32_false_true.is_empty(), !k.fp32_false_true.is_empty(), !k.bool_false_true.is_empty()];
+        if kind == Kind::ControlSequenceCorrid {
+            let ok = matches!(
+                DataType::from_config(k.data_type),
+                Some(DataType::Uint64 | DataType::Int64 | DataType::Uint32 | DataType::Int32 | DataType::Bytes)
+            );
+            if !ok {
+                return Err(format!(
+                    "control_input '{}': CONTROL_SEQUENCE_CORRID needs data_type TYPE_UINT64, TYPE_INT64, TYPE_UINT32, TYPE_INT32 or TYPE_STRING",
+                    ci.name
+                ));
+            }
+        } else {
+            let lens = [k.int32_false_true.len(), k.fp32_false_true.len(), k.bool_false_true.len()];
+            if lists.iter().filter(|&&b| b).count() != 1 || !lens.contains(&2) {
+                return Err(format!(
+                    "control_input '{}': {} needs exactly one of int32_false_true, fp32_false_true or bool_false_true with 2 entries",
+                    ci.name,
+                    kind.as_str_name()
+                ));
+            }
+        }
+    }
+    if let Some(StrategyChoice::Oldest(o)) = &sb.strategy_choice
+        && let Some(p) = o.preferred_batch_size.iter().find(|&&p| p < 1 || p > cfg.max_batch_size.max(1))
+    {
+        return Err(format!("sequence_batching.oldest.preferred_batch_size {p} must be between 1 and max_batch_size"));
+    }
+    for st in &sb.state {
+        if cfg.input.iter().any(|i| i.name == st.input_name) {
+            return Err(format!("sequence_batching state '{}' is also listed as an input", st.input_name));
         }
     }
     Ok(())
