@@ -26,6 +26,9 @@ use crate::{
     validate::{ValidatedRequest, validate},
 };
 
+mod stream;
+pub use stream::{ResponseStream, StreamItem};
+
 /// The extensions this server implements, in Triton's order.
 pub const EXTENSIONS: &[&str] = &[
     "classification",
@@ -248,6 +251,11 @@ impl Engine {
         let shm_targets: Vec<(String, ShmRef)> =
             req.outputs.iter().filter_map(|o| Some((o.name.clone(), o.shm.clone()?))).collect();
         let model = self.registry.resolve(&name, version)?;
+        if model.config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
+            return Err(Error::unsupported(format!(
+                "model '{name}' is decoupled (0..n responses per request): send its requests on a stream"
+            )));
+        }
         // Lives until the reply is ready; the scheduler hangs the queue and compute spans on it.
         let span = self.trace_span(&req, model.version);
         let cache = self.cache_for(&model).map(|c| (c, cache::key(&name, model.version, &model.content, &req)));

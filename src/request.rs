@@ -77,6 +77,37 @@ pub struct InferResponse {
     pub outputs: Vec<Tensor>,
 }
 
+/// One response of a stream: a decoupled model sends 0..n per request, the last one marked (it
+/// may hold no outputs: only the mark).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Streamed {
+    pub outputs: Vec<Tensor>,
+    pub last: bool,
+}
+
+/// Where a decoupled model's responses for one request go.
+#[derive(Clone)]
+pub struct StreamTx(pub tokio::sync::mpsc::UnboundedSender<crate::error::Result<Streamed>>);
+
+impl StreamTx {
+    /// Whether the client stopped listening (its stream or connection closed).
+    pub fn cancelled(&self) -> bool {
+        self.0.is_closed()
+    }
+}
+
+impl std::fmt::Debug for StreamTx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StreamTx")
+    }
+}
+
+impl PartialEq for StreamTx {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.same_channel(&other.0)
+    }
+}
+
 /// Parses a version string from a URL or a gRPC field: empty means "let the server choose".
 pub fn parse_version(model: &str, version: &str) -> crate::error::Result<Option<u64>> {
     if version.is_empty() {

@@ -43,6 +43,8 @@ pub struct ValidatedRequest {
     pub timeout_us: Option<u64>,
     /// The request's trace span (disabled when the request is not traced).
     pub span: tracing::Span,
+    /// A decoupled model's responses go here (None: one reply through the scheduler).
+    pub stream: Option<crate::request::StreamTx>,
 }
 
 pub fn validate(model: &str, schema: &Schema, req: InferRequest) -> Result<ValidatedRequest> {
@@ -81,6 +83,7 @@ pub fn validate(model: &str, schema: &Schema, req: InferRequest) -> Result<Valid
         priority,
         timeout_us,
         span: tracing::Span::none(),
+        stream: None,
     })
 }
 

@@ -68,6 +68,8 @@ pub struct BackendRequest<'a> {
     pub parameters: &'a Parameters,
     pub inputs: Vec<BackendInput<'a>>,
     pub outputs: Vec<&'a str>,
+    /// A decoupled model's responses for this request go here, during or after the batch.
+    pub stream: Option<&'a crate::request::StreamTx>,
 }
 
 /// A loaded copy of a model that executes one batch at a time.

@@ -62,7 +62,7 @@ pub fn routes(state: Arc<HttpState>) -> Router {
         .route("/v2/models/stats", get(all_stats));
     let r = model_routes(r, "/v2/models/{model}");
     let r = model_routes(r, "/v2/models/{model}/versions/{version}");
-    r.merge(super::http_ext::routes()).with_state(state)
+    r.merge(super::http_ext::routes()).merge(super::generate::routes()).with_state(state)
 }
 
 pub fn error_response(e: &Error) -> Response {
@@ -228,6 +228,10 @@ async fn infer(State(s): AppState, path: Params, headers: HeaderMap, body: Body)
         Ok(t) => t,
         Err(e) => return error_response(&e),
     };
+    if s.engine.decoupled(&model, version) {
+        let e = Error::unsupported("HTTP end point doesn't support models with decoupled transaction policy");
+        return error_response(&e);
+    }
     match infer_inner(&s, model, version, &headers, body).await {
         Ok(r) => r,
         Err(e) => {

@@ -143,6 +143,21 @@ fn nest(flat: &mut impl Iterator<Item = Value>, shape: &[i64]) -> Value {
     }
 }
 
+/// Each output as the generate extension answers it: one element as a plain value, several as a
+/// flat list.
+pub fn flat_outputs(resp: &InferResponse) -> Result<Map<String, Value>> {
+    let mut fields = Map::new();
+    for t in &resp.outputs {
+        let strings: Vec<&[u8]> =
+            if t.datatype == DataType::Bytes { bytes_elements(&t.data).collect::<Result<_>>()? } else { Vec::new() };
+        let total = t.shape.iter().map(|&d| d.max(0) as usize).product::<usize>();
+        let mut all: Vec<Value> = (0..total).map(|i| element(t, i, &strings)).collect();
+        let v = if all.len() == 1 { all.remove(0) } else { Value::Array(all) };
+        fields.insert(t.name.clone(), v);
+    }
+    Ok(fields)
+}
+
 /// Row `row` of each output (the whole output when `rows` is None), as one prediction.
 fn prediction(resp: &InferResponse, row: Option<(usize, usize)>) -> Result<Value> {
     let mut fields = Map::new();

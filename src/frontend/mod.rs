@@ -1,5 +1,6 @@
 //! Protocol front-ends: each translates its wire format into one engine call and back.
 pub mod encoding;
+pub mod generate;
 pub mod grpc;
 pub mod guard;
 pub mod http;

@@ -115,6 +115,7 @@ fn run_each(
                 })
                 .collect(),
             outputs: j.req.outputs.iter().map(|o| schema.outputs[o.index].name.as_str()).collect(),
+            stream: j.req.stream.as_ref(),
         })
         .collect();
     let input_done = Instant::now();
@@ -128,8 +129,19 @@ fn run_each(
         .into_iter()
         .zip(results)
         .map(|(job, result)| {
-            let response =
-                result.map_err(|e| e.with_origin(Origin::Backend)).and_then(|outs| respond_one(ctx, &job, outs));
+            let response = result.map_err(|e| e.with_origin(Origin::Backend)).and_then(|outs| {
+                if job.req.stream.is_some() {
+                    // Its responses stream; this reply only says the request was taken.
+                    return Ok(InferResponse {
+                        model_name: ctx.name.clone(),
+                        model_version: ctx.version,
+                        id: job.req.id.clone(),
+                        parameters: Default::default(),
+                        outputs: Vec::new(),
+                    });
+                }
+                respond_one(ctx, &job, outs)
+            });
             (job, response)
         })
         .collect();

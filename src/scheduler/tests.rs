@@ -67,6 +67,7 @@ fn request(v: i32) -> ValidatedRequest {
         priority: 0,
         timeout_us: None,
         span: tracing::Span::none(),
+        stream: None,
     }
 }
 

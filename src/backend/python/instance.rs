@@ -6,11 +6,7 @@ use std::{collections::BTreeMap, fs::File, os::unix::fs::FileExt, sync::Arc, tim
 use bytes::Bytes;
 use serde_json::{Value, json};
 
-use super::{
-    Launch,
-    bls::{self, HostCall},
-    process::{Message, Process},
-};
+use super::{Launch, bls, link::Link};
 use crate::{
     backend::{BackendInput, BackendRequest, ModelInstance},
     error::{Error, ErrorKind, Result},
@@ -66,7 +62,7 @@ impl Drop for Region {
 pub struct PythonInstance {
     launch: Arc<Launch>,
     index: usize,
-    process: Process,
+    link: Link,
     inputs: Region,
     /// The process's output region, opened by name.
     outputs: Option<(String, File)>,
@@ -91,7 +87,8 @@ impl PythonInstance {
     pub fn start(launch: Arc<Launch>, index: usize) -> Result<PythonInstance> {
         let process = launch.spawn(index)?;
         let prefix = format!("ferry-in-{}-{}", std::process::id(), process.pid());
-        Ok(PythonInstance { launch, index, process, inputs: Region::new(prefix), outputs: None })
+        let link = Link::new(process, Arc::clone(&launch))?;
+        Ok(PythonInstance { launch, index, link, inputs: Region::new(prefix), outputs: None })
     }
 
     /// Replaces a dead process; the next batch goes to the new one.
@@ -99,29 +96,13 @@ impl PythonInstance {
         let model = &self.launch.model;
         tracing::error!(model = %model, instance = self.index, reason = why, "the Python process died; starting a new one");
         self.launch.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        match self.launch.spawn(self.index) {
-            Ok(p) => {
-                self.process = p;
+        match self.launch.spawn(self.index).and_then(|p| Link::new(p, Arc::clone(&self.launch))) {
+            Ok(link) => {
+                self.link = link;
                 self.outputs = None;
                 tracing::info!(model = %model, instance = self.index, "Python process restarted");
             }
             Err(e) => tracing::error!(model = %model, error = %e, "cannot restart the Python process"),
-        }
-    }
-
-    /// Reads the process's messages until its reply, answering its own calls meanwhile.
-    fn reply(&mut self) -> std::io::Result<Message> {
-        loop {
-            let (msg, blobs) = self.process.recv()?;
-            match msg["op"].as_str() {
-                Some("done") => return Ok((msg, blobs)),
-                Some("log") => bls::log(&self.launch.model, &msg),
-                Some("infer") => self.launch.host_call(HostCall::Infer(msg, blobs), self.process.writer.clone()),
-                Some("control") => self.launch.host_call(HostCall::Control(msg), self.process.writer.clone()),
-                other => {
-                    tracing::warn!(model = %self.launch.model, op = ?other, "unexpected message from the Python process")
-                }
-            }
         }
     }
 
@@ -171,14 +152,19 @@ impl PythonInstance {
             }
             let parameters: BTreeMap<&str, Value> =
                 r.parameters.iter().map(|(k, v)| (k.as_str(), bls::param_json(v))).collect();
-            described.push(json!({"id": r.id, "parameters": parameters, "inputs": inputs, "outputs": r.outputs}));
+            let handle = r.stream.map(|tx| self.link.register(tx));
+            described.push(
+                json!({"id": r.id, "parameters": parameters, "inputs": inputs, "outputs": r.outputs, "handle": handle}),
+            );
         }
-        let msg = json!({"op": "execute", "region": {"name": self.inputs.name, "size": self.inputs.size}, "requests": described});
-        let sent = self.process.writer.send(&msg, &[]);
-        let (reply, _) = match sent.and_then(|()| self.reply()) {
+        let decoupled = requests.iter().any(|r| r.stream.is_some());
+        let region = json!({"name": self.inputs.name, "size": self.inputs.size});
+        let msg = json!({"op": "execute", "region": region, "requests": described, "decoupled": decoupled});
+        let sent = self.link.process.writer.send(&msg, &[]);
+        let (reply, _) = match sent.and_then(|()| self.link.reply(None)) {
             Ok(r) => r,
             Err(e) => {
-                let why = format!("{e}; {}", self.process.death());
+                let why = format!("{e}; {}", self.link.process.death());
                 self.restart(&why);
                 return Err(Error::unavailable(format!(
                     "model '{}': the Python process running this request died ({why}); a new one was started",
@@ -186,6 +172,10 @@ impl PythonInstance {
                 )));
             }
         };
+        if decoupled && reply["error"].is_null() {
+            // The responses stream through each request's sender.
+            return Ok(requests.iter().map(|_| Ok(Vec::new())).collect());
+        }
         if let Some(e) = reply["error"].as_str() {
             tracing::debug!(model = %self.launch.model, trace = reply["trace"].as_str().unwrap_or_default(), "execute raised");
             return Err(Error::internal(format!("model '{}': execute() raised {e}", self.launch.model)));
@@ -206,8 +196,13 @@ impl PythonInstance {
 impl ModelInstance for PythonInstance {
     fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
         let parameters = Default::default();
-        let one =
-            BackendRequest { id: "", parameters: &parameters, inputs: inputs.to_vec(), outputs: outputs.to_vec() };
+        let one = BackendRequest {
+            id: "",
+            parameters: &parameters,
+            inputs: inputs.to_vec(),
+            outputs: outputs.to_vec(),
+            stream: None,
+        };
         self.run(std::slice::from_ref(&one))?.pop().unwrap_or_else(|| Err(Error::internal("no response")))
     }
 
@@ -229,9 +224,8 @@ impl ModelInstance for PythonInstance {
 impl Drop for PythonInstance {
     fn drop(&mut self) {
         // finalize(), briefly; the process is killed after.
-        self.process.set_timeout(Some(Duration::from_secs(5)));
-        if self.process.writer.send(&json!({"op": "finalize"}), &[]).is_ok() {
-            let _ = self.reply();
+        if self.link.process.writer.send(&json!({"op": "finalize"}), &[]).is_ok() {
+            let _ = self.link.reply(Some(Duration::from_secs(5)));
         }
         if let Some((name, _)) = self.outputs.take() {
             let _ = std::fs::remove_file(format!("/dev/shm/{name}"));

@@ -23,6 +23,7 @@ use crate::{
 mod bls;
 mod env;
 mod instance;
+mod link;
 mod process;
 
 use process::Process;

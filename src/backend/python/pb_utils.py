@@ -156,7 +156,7 @@ class InferenceRequest:
         self._inputs = list(inputs or [])
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
         self._id, self._correlation_id, self._flags = request_id, correlation_id, flags
-        self._cancelled = threading.Event()
+        self._handle = None  # set by the stub for a request of a decoupled model
 
     def inputs(self):
         return self._inputs
@@ -183,7 +183,15 @@ class InferenceRequest:
         return self._timeout
 
     def is_cancelled(self):
-        return self._cancelled.is_set()
+        """Whether the client went away (its stream closed): the model may stop working on it."""
+        return self._handle is not None and _CHANNEL.cancelled(self._handle)
+
+    def get_response_sender(self):
+        """Decoupled models: sends 0..n responses for this request, the last with
+        TRITONSERVER_RESPONSE_COMPLETE_FINAL, during or after execute()."""
+        if self._handle is None:
+            raise TritonModelException("get_response_sender() is only for requests of decoupled models")
+        return InferenceResponseSender(self._handle)
 
     def _message(self):
         return {"model_name": self._model_name, "model_version": int(self._version), "id": self._id,
@@ -205,6 +213,21 @@ class InferenceRequest:
 
         _CHANNEL.infer_async(self._message(), self._inputs, done)
         return future
+
+
+class InferenceResponseSender:
+    def __init__(self, handle):
+        self._handle, self._closed = handle, False
+
+    def send(self, response=None, flags=0):
+        if self._closed:
+            raise TritonModelException("the final response was already sent for this request")
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        _CHANNEL.respond(self._handle, response, final)
+        self._closed = final
+
+    def is_cancelled(self):
+        return _CHANNEL.cancelled(self._handle)
 
 
 class Logger:

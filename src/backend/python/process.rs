@@ -56,6 +56,25 @@ fn read_exact(r: &mut impl Read, n: usize) -> std::io::Result<Vec<u8>> {
     Ok(buf)
 }
 
+/// One message: length-prefixed JSON, then its blobs.
+pub fn read_message(r: &mut impl Read) -> std::io::Result<Message> {
+    let n = u32::from_le_bytes(read_exact(r, 4)?.try_into().unwrap_or_default()) as u64;
+    if n > MAX_MESSAGE {
+        return Err(std::io::Error::other(format!("a message of {n} bytes")));
+    }
+    let msg: Value = serde_json::from_slice(&read_exact(r, n as usize)?).map_err(std::io::Error::other)?;
+    let count = u32::from_le_bytes(read_exact(r, 4)?.try_into().unwrap_or_default());
+    let mut blobs = Vec::with_capacity(count.min(1024) as usize);
+    for _ in 0..count {
+        let len = u64::from_le_bytes(read_exact(r, 8)?.try_into().unwrap_or_default());
+        if len > MAX_MESSAGE {
+            return Err(std::io::Error::other(format!("a blob of {len} bytes")));
+        }
+        blobs.push(read_exact(r, len as usize)?);
+    }
+    Ok((msg, blobs))
+}
+
 fn forward_lines(stream: impl Read + Send + 'static, model: String, tail: Option<Arc<Mutex<VecDeque<String>>>>) {
     std::thread::spawn(move || {
         for line in BufReader::new(stream).lines().map_while(|l| l.ok()) {
@@ -143,24 +162,16 @@ impl Process {
         let _ = self.reader.set_read_timeout(t);
     }
 
-    /// The next message from the process.
+    /// The next message from the process (before a reader thread takes the channel over).
     pub fn recv(&mut self) -> std::io::Result<Message> {
-        let r = &mut self.reader;
-        let n = u32::from_le_bytes(read_exact(r, 4)?.try_into().unwrap_or_default()) as u64;
-        if n > MAX_MESSAGE {
-            return Err(std::io::Error::other(format!("a message of {n} bytes")));
-        }
-        let msg: Value = serde_json::from_slice(&read_exact(r, n as usize)?).map_err(std::io::Error::other)?;
-        let count = u32::from_le_bytes(read_exact(r, 4)?.try_into().unwrap_or_default());
-        let mut blobs = Vec::with_capacity(count.min(1024) as usize);
-        for _ in 0..count {
-            let len = u64::from_le_bytes(read_exact(r, 8)?.try_into().unwrap_or_default());
-            if len > MAX_MESSAGE {
-                return Err(std::io::Error::other(format!("a blob of {len} bytes")));
-            }
-            blobs.push(read_exact(r, len as usize)?);
-        }
-        Ok((msg, blobs))
+        read_message(&mut self.reader)
+    }
+
+    /// The reading half, for a thread that reads everything the process sends from now on.
+    pub fn reader(&self) -> std::io::Result<UnixStream> {
+        let r = self.reader.try_clone()?;
+        r.set_read_timeout(None)?;
+        Ok(r)
     }
 
     /// Why the process is gone (its exit status and last stderr lines), once it is.

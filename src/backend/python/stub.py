@@ -90,6 +90,25 @@ class Channel:
         msg, blobs = bls_message(request, inputs)
         self._call(msg, blobs, lambda m, b: done(bls_response(m, b)))
 
+    def respond(self, handle, response, final):
+        """A decoupled model's response (None: only the final flag)."""
+        meta, blobs, error = [], [], None
+        if response is not None:
+            for t in response.output_tensors():
+                datatype, data = tensor_bytes(t)
+                meta.append({"name": t.name(), "datatype": datatype, "shape": list(t.as_numpy().shape)})
+                blobs.append(bytes(data))
+            err = response.error()
+            if err is not None:
+                error = {"message": err.message() if hasattr(err, "message") else str(err),
+                         "code": err.code() if hasattr(err, "code") else 1}
+        self.send({"op": "response", "handle": handle, "final": final, "empty": response is None,
+                   "outputs": meta, "error": error}, blobs)
+
+    def cancelled(self, handle):
+        reply, _ = self._blocking({"op": "cancelled", "handle": handle})
+        return bool(reply.get("cancelled"))
+
     def control(self, msg):
         reply, _ = self._blocking({"op": "control", **msg})
         if reply.get("error"):
@@ -202,14 +221,19 @@ class Stub:
             for t in r["inputs"]:
                 buf = memoryview(area)[t["offset"]:t["offset"] + t["size"]]
                 tensors.append(tensor_from(t["name"], t["datatype"], t["shape"], buf))
-            requests.append(pb_utils.InferenceRequest(
+            request = pb_utils.InferenceRequest(
                 inputs=tensors, requested_output_names=r["outputs"], request_id=r.get("id", ""),
-                correlation_id=r.get("correlation_id", 0), parameters=json.dumps(r.get("parameters") or {})))
+                correlation_id=r.get("correlation_id", 0), parameters=json.dumps(r.get("parameters") or {}))
+            request._handle = r.get("handle")
+            requests.append(request)
         responses = self.model.execute(requests)
         if inspect.iscoroutine(responses):
             if self.loop is None:
                 self.loop = asyncio.new_event_loop()
             responses = self.loop.run_until_complete(responses)
+        if msg.get("decoupled"):
+            # Responses go through each request's sender, now or later.
+            return {"decoupled": True}
         if responses is None or len(responses) != len(requests):
             got = "None" if responses is None else len(responses)
             raise pb_utils.TritonModelException(
@@ -257,7 +281,7 @@ def main():
         try:
             while True:
                 msg, blobs = channel.recv()
-                if msg["op"] in ("infer_result", "control_result"):
+                if msg["op"] in ("infer_result", "control_result", "cancelled_result"):
                     channel.resolve(msg, blobs)
                 else:
                     work.put(msg)

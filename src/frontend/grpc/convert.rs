@@ -253,7 +253,12 @@ pub fn response(r: InferResponse) -> ModelInferResponse {
 
 /// A stream reply's `triton_final_response` flag.
 pub fn final_flag() -> (String, InferParameter) {
-    ("triton_final_response".to_string(), InferParameter { parameter_choice: Some(ParameterChoice::BoolParam(true)) })
+    final_param(true)
+}
+
+/// `triton_final_response`: whether this is the request's last response on the stream.
+pub fn final_param(last: bool) -> (String, InferParameter) {
+    ("triton_final_response".to_string(), InferParameter { parameter_choice: Some(ParameterChoice::BoolParam(last)) })
 }
 
 #[cfg(test)]

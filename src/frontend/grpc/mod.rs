@@ -83,6 +83,62 @@ impl Grpc {
     }
 }
 
+impl Grpc {
+    /// A decoupled model's request on the stream: each of its responses is a stream message,
+    /// `triton_final_response` marking the last (an empty last one is sent only when the request
+    /// asked with `triton_enable_empty_final_response`).
+    async fn stream_decoupled(
+        &self,
+        req: pb::ModelInferRequest,
+        meta: Meta,
+        grpc_errors: bool,
+        tx: &mpsc::Sender<Result<pb::ModelStreamInferResponse, Status>>,
+    ) {
+        let failed = failed_reply(&req);
+        let empty_final = matches!(
+            req.parameters.get("triton_enable_empty_final_response").and_then(|p| p.parameter_choice.as_ref()),
+            Some(pb::infer_parameter::ParameterChoice::BoolParam(true))
+        );
+        let error = |e: Error| {
+            if grpc_errors {
+                Err(status(e))
+            } else {
+                Ok(pb::ModelStreamInferResponse {
+                    error_message: e.message().to_string(),
+                    infer_response: Some(failed.clone()),
+                })
+            }
+        };
+        let request = convert::request(req, self.engine.shm()).map(|mut r| {
+            r.trace_parent = meta.trace;
+            r.parameters.extend(meta.forwarded);
+            r
+        });
+        let mut responses = match request {
+            Ok(r) => match self.engine.infer_stream(r).await {
+                Ok(rx) => rx,
+                Err(e) => return drop(tx.send(error(e)).await),
+            },
+            Err(e) => return drop(tx.send(error(e)).await),
+        };
+        while let Some(item) = responses.recv().await {
+            let msg = match item {
+                Ok(it) if it.last && it.response.outputs.is_empty() && !empty_final => continue,
+                Ok(it) => {
+                    let mut resp = convert::response(it.response);
+                    let (k, v) = convert::final_param(it.last);
+                    resp.parameters.insert(k, v);
+                    Ok(pb::ModelStreamInferResponse { error_message: String::new(), infer_response: Some(resp) })
+                }
+                Err(e) => error(e),
+            };
+            if tx.send(msg).await.is_err() {
+                return;
+            }
+        }
+    }
+}
+
 /// What identifies a request in its error reply on a stream.
 fn failed_reply(req: &pb::ModelInferRequest) -> pb::ModelInferResponse {
     pb::ModelInferResponse {
@@ -176,7 +232,13 @@ impl service::GrpcInferenceService for Grpc {
 
     async fn model_infer(&self, r: Request<pb::ModelInferRequest>) -> Reply<pb::ModelInferResponse> {
         let meta = self.meta(&r);
-        self.infer(r.into_inner(), meta).await.map(Response::new).map_err(status)
+        let req = r.into_inner();
+        if self.engine.decoupled(&req.model_name, parse_version(&req.model_name, &req.model_version).ok().flatten()) {
+            return Err(Status::unimplemented(
+                "ModelInfer RPC doesn't support models with decoupled transaction policy",
+            ));
+        }
+        self.infer(req, meta).await.map(Response::new).map_err(status)
     }
 
     type ModelStreamInferStream = InferStream;
@@ -217,6 +279,11 @@ impl service::GrpcInferenceService for Grpc {
                 let (this, tx, trace) = (this.clone(), tx.clone(), trace.clone());
                 tokio::spawn(crate::admission::scope(late, async move {
                     let _slot = slot;
+                    let version = parse_version(&req.model_name, &req.model_version).ok().flatten();
+                    if this.engine.decoupled(&req.model_name, version) {
+                        let _ticket = ticket;
+                        return this.stream_decoupled(req, trace, grpc_errors, &tx).await;
+                    }
                     let outcome = match ticket {
                         Ok(_ticket) => this.stream_reply(req, trace).await,
                         Err(e) => Err((e, failed_reply(&req))),

@@ -90,11 +90,16 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
     if cfg.platform == "ensemble" {
         check_ensemble(cfg)?;
     }
-    if cfg.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
+    if cfg.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) && cfg.backend != "python" {
         return Err(format!(
-            "model '{}': decoupled models (model_transaction_policy.decoupled) are not supported by ferry yet",
+            "model '{}': only Python models can be decoupled (model_transaction_policy.decoupled)",
             cfg.name
         ));
+    }
+    if cfg.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled)
+        && cfg.response_cache.as_ref().is_some_and(|c| c.enable)
+    {
+        return Err(format!("model '{}': the response cache cannot be used with a decoupled model", cfg.name));
     }
     check_instances(cfg)?;
     check_warmup(cfg)

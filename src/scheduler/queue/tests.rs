@@ -12,6 +12,7 @@ fn request(priority: u64, timeout_us: Option<u64>) -> ValidatedRequest {
         priority,
         timeout_us,
         span: tracing::Span::none(),
+        stream: None,
     }
 }
 

@@ -1,0 +1,150 @@
+//! A running Python process and the thread that reads everything it sends: replies to ferry's
+//! calls go to the instance thread; a decoupled model's responses (sent during or after
+//! `execute`) go to their request's stream; BLS and model-control calls, cancellation checks and
+//! log lines are answered on the spot. When the process dies, every open stream gets the error.
+use std::{
+    collections::HashMap,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicU64, Ordering},
+        mpsc,
+    },
+    time::Duration,
+};
+
+use bytes::Bytes;
+use serde_json::{Value, json};
+
+use super::{
+    Launch,
+    bls::{self, HostCall},
+    process::{Message, Process, Writer, read_message},
+};
+use crate::{
+    error::{Error, Result},
+    request::{StreamTx, Streamed},
+    tensor::{DataType, Tensor},
+};
+
+type Streams = Arc<Mutex<HashMap<u64, StreamTx>>>;
+
+pub struct Link {
+    pub process: Process,
+    replies: mpsc::Receiver<std::io::Result<Message>>,
+    streams: Streams,
+}
+
+/// Tensors a message describes, with their bytes in its blobs.
+pub fn tensors(meta: &Value, blobs: Vec<Vec<u8>>) -> Result<Vec<Tensor>> {
+    meta.as_array()
+        .into_iter()
+        .flatten()
+        .zip(blobs)
+        .map(|(o, data)| {
+            let datatype = DataType::from_wire(o["datatype"].as_str().unwrap_or_default())
+                .ok_or_else(|| Error::internal(format!("output '{}' has a datatype ferry does not know", o["name"])))?;
+            Ok(Tensor {
+                name: o["name"].as_str().unwrap_or_default().to_string(),
+                datatype,
+                shape: o["shape"].as_array().into_iter().flatten().filter_map(Value::as_i64).collect(),
+                data: Bytes::from(data),
+            })
+        })
+        .collect()
+}
+
+impl Link {
+    /// Starts reading what `process` sends.
+    pub fn new(process: Process, launch: Arc<Launch>) -> Result<Link> {
+        let reader = process.reader().map_err(|e| Error::internal(format!("cannot read the Python process: {e}")))?;
+        let (tx, replies) = mpsc::channel();
+        let streams: Streams = Arc::default();
+        let (writer, shared) = (process.writer.clone(), Arc::clone(&streams));
+        std::thread::Builder::new()
+            .name(format!("{}-py-reader", launch.model))
+            .spawn(move || read_loop(reader, &launch, &writer, &shared, &tx))
+            .map_err(|e| Error::internal(format!("cannot start a reader thread: {e}")))?;
+        Ok(Link { process, replies, streams })
+    }
+
+    /// A handle for a request whose responses stream.
+    pub fn register(&self, tx: &StreamTx) -> u64 {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let handle = NEXT.fetch_add(1, Ordering::Relaxed);
+        self.streams.lock().unwrap_or_else(|p| p.into_inner()).insert(handle, tx.clone());
+        handle
+    }
+
+    /// The process's reply to the call just sent.
+    pub fn reply(&self, timeout: Option<Duration>) -> std::io::Result<Message> {
+        let got = match timeout {
+            None => self.replies.recv().map_err(|_| std::io::Error::other("the Python process is gone")),
+            Some(t) => self.replies.recv_timeout(t).map_err(|_| std::io::Error::other("no reply in time")),
+        };
+        got?
+    }
+}
+
+fn read_loop(
+    mut reader: std::os::unix::net::UnixStream,
+    launch: &Launch,
+    writer: &Writer,
+    streams: &Streams,
+    replies: &mpsc::Sender<std::io::Result<Message>>,
+) {
+    let model = &launch.model;
+    loop {
+        let (msg, blobs) = match read_message(&mut reader) {
+            Ok(m) => m,
+            Err(e) => {
+                let open: Vec<StreamTx> =
+                    streams.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, tx)| tx).collect();
+                for tx in open {
+                    let why = format!("model '{model}': the Python process stopped before its final response");
+                    let _ = tx.0.send(Err(Error::unavailable(why)));
+                }
+                let _ = replies.send(Err(e));
+                return;
+            }
+        };
+        match msg["op"].as_str() {
+            Some("done") => {
+                let _ = replies.send(Ok((msg, blobs)));
+            }
+            Some("log") => bls::log(model, &msg),
+            Some("infer") => launch.host_call(HostCall::Infer(msg, blobs), writer.clone()),
+            Some("control") => launch.host_call(HostCall::Control(msg), writer.clone()),
+            Some("response") => stream_response(model, streams, &msg, blobs),
+            Some("cancelled") => {
+                let handle = msg["handle"].as_u64().unwrap_or(0);
+                let gone =
+                    streams.lock().unwrap_or_else(|p| p.into_inner()).get(&handle).is_none_or(StreamTx::cancelled);
+                let _ = writer.send(&json!({"op": "cancelled_result", "seq": msg["seq"], "cancelled": gone}), &[]);
+            }
+            other => tracing::warn!(model = %model, op = ?other, "unexpected message from the Python process"),
+        }
+    }
+}
+
+/// A decoupled model's response: to its request's stream; the final one closes it.
+fn stream_response(model: &str, streams: &Streams, msg: &Value, blobs: Vec<Vec<u8>>) {
+    let handle = msg["handle"].as_u64().unwrap_or(0);
+    let last = msg["final"].as_bool().unwrap_or(false);
+    let tx = {
+        let mut open = streams.lock().unwrap_or_else(|p| p.into_inner());
+        if last { open.remove(&handle) } else { open.get(&handle).cloned() }
+    };
+    let Some(tx) = tx else {
+        tracing::debug!(model, handle, "a response for a request that is over (the client left)");
+        return;
+    };
+    let item = match &msg["error"] {
+        Value::Null => tensors(&msg["outputs"], blobs).map(|outputs| Streamed { outputs, last }),
+        e => Err(Error::invalid(e["message"].as_str().unwrap_or("the model reported an error").to_string())),
+    };
+    // A client that left cannot be told; the model sees it through is_cancelled().
+    let _ = tx.0.send(item);
+    if last && msg["error"] != Value::Null {
+        let _ = tx.0.send(Ok(Streamed { outputs: Vec::new(), last: true }));
+    }
+}

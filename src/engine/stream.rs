@@ -1,0 +1,114 @@
+//! Response streams: what a decoupled model sends for one request (0..n responses, the last
+//! marked), as one stream that the gRPC `ModelStreamInfer` and the HTTP `generate_stream`
+//! front-ends encode their own way. A model that is not decoupled gives a stream of one. The
+//! client leaving (the stream dropped) stops the forwarding, and the model sees the request
+//! cancelled.
+use std::time::Instant;
+
+use tokio::sync::mpsc;
+
+use super::Engine;
+use crate::{
+    error::{Error, Result},
+    request::{InferRequest, InferResponse, StreamTx, Streamed},
+    validate::{ValidatedRequest, validate},
+};
+
+/// One response of a stream.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StreamItem {
+    pub response: InferResponse,
+    /// The request's last response (it may carry no outputs: only the mark).
+    pub last: bool,
+}
+
+pub type ResponseStream = mpsc::UnboundedReceiver<Result<StreamItem>>;
+
+impl Engine {
+    /// Whether the model answers through streams only (`model_transaction_policy.decoupled`).
+    pub fn decoupled(&self, name: &str, version: Option<u64>) -> bool {
+        self.registry().resolve(name, version).is_ok_and(|m| is_decoupled(&m.config))
+    }
+
+    /// Runs a request whose responses stream.
+    pub async fn infer_stream(&self, req: InferRequest) -> Result<ResponseStream> {
+        let (out, rx) = mpsc::unbounded_channel();
+        let model = self.registry().resolve(&req.model_name, req.model_version)?;
+        if !is_decoupled(&model.config) {
+            let _ = out.send(self.infer(req).await.map(|response| StreamItem { response, last: true }));
+            return Ok(rx);
+        }
+        if crate::admission::arrived_after_stop() {
+            self.live()?;
+        }
+        let started = Instant::now();
+        let crate::model::Runner::Scheduler(scheduler) = &model.runner else {
+            return Err(Error::unsupported(format!("model '{}' cannot stream", model.name)));
+        };
+        let (tx, mut responses) = mpsc::unbounded_channel::<Result<Streamed>>();
+        let validated = match validate(&model.name, &model.schema, req) {
+            Ok(v) => ValidatedRequest { stream: Some(StreamTx(tx)), ..v },
+            Err(e) => {
+                model.stats.record_failure(started.elapsed(), e.origin());
+                return Err(e);
+            }
+        };
+        let id = validated.id.clone();
+        let Ok(mut taken) = scheduler.submit(validated) else {
+            return Err(Error::unavailable(format!("model '{}' is unloading", model.name)));
+        };
+        tokio::spawn(async move {
+            let (name, version) = (model.name.clone(), model.version);
+            let item = |s: Streamed| StreamItem {
+                response: InferResponse {
+                    model_name: name.clone(),
+                    model_version: version,
+                    id: id.clone(),
+                    parameters: Default::default(),
+                    outputs: s.outputs,
+                },
+                last: s.last,
+            };
+            let mut accepted = false;
+            let outcome: Result<()> = loop {
+                tokio::select! {
+                    reply = &mut taken, if !accepted => match reply {
+                        Ok(Ok(_)) => accepted = true,
+                        Ok(Err(e)) => break Err(e),
+                        Err(_) => break Err(Error::internal(format!("model '{name}': the instance failed"))),
+                    },
+                    next = responses.recv() => match next {
+                        Some(Ok(s)) => {
+                            let last = s.last;
+                            if out.send(Ok(item(s))).is_err() {
+                                break Err(Error::new(crate::error::ErrorKind::Cancelled, "the client left"));
+                            }
+                            if last {
+                                break Ok(());
+                            }
+                        }
+                        Some(Err(e)) => {
+                            if out.send(Err(e)).is_err() {
+                                break Ok(());
+                            }
+                        }
+                        None => break Ok(()),
+                    },
+                    () = out.closed() => break Err(Error::new(crate::error::ErrorKind::Cancelled, "the client left")),
+                }
+            };
+            match outcome {
+                Ok(()) => model.stats.record_success(started.elapsed()),
+                Err(e) => {
+                    model.stats.record_failure(started.elapsed(), e.origin());
+                    let _ = out.send(Err(e));
+                }
+            }
+        });
+        Ok(rx)
+    }
+}
+
+fn is_decoupled(config: &crate::proto::inference::ModelConfig) -> bool {
+    config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled)
+}
