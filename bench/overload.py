@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Overload and SIGTERM, against the release binary (cargo build --release first):
+
+  1. the sustainable rate: densenet (the onnx package's light DenseNet-121, 600 KB requests) at
+     concurrency 4 for 10 s;
+  2. ten times that rate, offered open-loop for --seconds (default 60) by a pool of senders, with
+     --max-inflight-request-bytes at 32 MiB: answers by status, ferry's peak RSS, and whether it
+     stayed up;
+  3. the same concurrency-4 run again (does throughput recover?);
+  4. SIGTERM under load, --rounds times at a random moment: the exit time, and what the requests
+     in flight got (every admitted request must finish; late ones get 503; connection errors are
+     requests the closed listener never took).
+
+Writes the "Overload" part of the section "Overload and faults" of bench/RESULTS.md.
+
+    source scripts/venv.sh && python bench/overload.py
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+import run  # noqa: E402
+import models  # noqa: E402
+
+BUDGET = 32 << 20
+
+
+def body():
+    x = np.random.default_rng(3).standard_normal((3, 224, 224)).astype(np.float32)
+    head = json.dumps({"inputs": [{"name": "data_0", "shape": [3, 224, 224], "datatype": "FP32",
+                                   "parameters": {"binary_data_size": x.nbytes}}],
+                       "outputs": [{"name": "fc6_1", "parameters": {"binary_data": True}}]}).encode()
+    return head + x.tobytes(), len(head)
+
+
+BODY, HEAD = body()
+
+
+def send(port, timeout=120):
+    """One request on its own connection: its status, or the error's class."""
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+        conn.request("POST", "/v2/models/densenet_onnx/infer", body=BODY,
+                     headers={"Inference-Header-Content-Length": str(HEAD)})
+        r = conn.getresponse()
+        r.read()
+        conn.close()
+        return r.status
+    except (OSError, http.client.HTTPException) as e:
+        return type(e).__name__
+
+
+def peak_rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def closed_loop(port, concurrency, seconds):
+    done, stop = [0], time.time() + seconds
+
+    def worker():
+        while time.time() < stop:
+            if send(port) == 200:
+                done[0] += 1
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return done[0] / seconds
+
+
+def open_loop(port, rate, seconds, senders=96):
+    outcomes = {}
+    lock = threading.Lock()
+
+    def one():
+        got = send(port, timeout=60)
+        with lock:
+            outcomes[got] = outcomes.get(got, 0) + 1
+
+    with ThreadPoolExecutor(senders) as pool:
+        start = time.time()
+        n = 0
+        while time.time() - start < seconds:
+            due = start + n / rate
+            time.sleep(max(0.0, due - time.time()))
+            pool.submit(one)
+            n += 1
+    return outcomes, n
+
+
+def start(repo, extra):
+    port, grpc = run.free_port(), run.free_port()
+    return run.start_server(repo, port, grpc, ["--metrics-port=0", f"--max-inflight-request-bytes={BUDGET}", *extra]), port
+
+
+def sigterm_round(repo, rng):
+    proc, port = start(repo, ["--exit-timeout-secs=30"])
+    outcomes = {}
+    lock = threading.Lock()
+
+    def client():
+        while proc.poll() is None:
+            got = send(port, timeout=60)
+            with lock:
+                outcomes[got] = outcomes.get(got, 0) + 1
+
+    threads = [threading.Thread(target=client) for _ in range(16)]
+    for t in threads:
+        t.start()
+    time.sleep(rng.uniform(1.0, 4.0))
+    proc.send_signal(signal.SIGTERM)
+    sent = time.time()
+    code = proc.wait(60)
+    took = time.time() - sent
+    for t in threads:
+        t.join()
+    return took, code, outcomes
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--seconds", type=int, default=60)
+    p.add_argument("--rounds", type=int, default=5)
+    a = p.parse_args()
+    os.makedirs(run.WORK, exist_ok=True)
+    repo = os.path.join(run.WORK, "overload-repo")
+    if not os.path.exists(os.path.join(repo, "densenet_onnx")):
+        models.densenet(repo)
+    proc, port = start(repo, [])
+    try:
+        sustainable = closed_loop(port, 4, 10)
+        print(f"sustainable: {sustainable:.1f} req/s", flush=True)
+        outcomes, offered = open_loop(port, 10 * sustainable, a.seconds)
+        alive = proc.poll() is None
+        rss = peak_rss_mib(proc.pid)
+        print(f"overload: {offered} offered, {outcomes}, peak RSS {rss:.0f} MiB, alive {alive}", flush=True)
+        after = closed_loop(port, 4, 10)
+        print(f"after: {after:.1f} req/s", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+    rng = random.Random(7)
+    rounds = [sigterm_round(repo, rng) for _ in range(a.rounds)]
+    for took, code, got in rounds:
+        print(f"SIGTERM: exit {code} after {took:.2f} s; requests {got}", flush=True)
+    label = run.commit_label()
+    ok = outcomes.get(200, 0)
+    refused = outcomes.get(503, 0)
+    other = {k: v for k, v in outcomes.items() if k not in (200, 503)}
+    lines = [
+        "### Overload", "",
+        f"Commit `{label}`, release build, {os.cpu_count()} cores, the load generator on the same machine. "
+        f"Model: densenet_onnx (600 KB binary requests, one instance), `--max-inflight-request-bytes={BUDGET >> 20} MiB`.", "",
+        "| phase | what was offered | what happened |", "|---|---|---|",
+        f"| sustainable | closed loop, 4 clients, 10 s | {sustainable:.1f} req/s |",
+        f"| 10x overload | open loop at {10 * sustainable:.0f} req/s for {a.seconds} s ({offered} requests) | "
+        f"{ok} answered 200, {refused} refused 503 (Retry-After), other: {other or 'none'}; peak RSS {rss:.0f} MiB; "
+        f"server {'up throughout' if alive else 'DIED'} |",
+        f"| after | closed loop, 4 clients, 10 s | {after:.1f} req/s |",
+        "", "SIGTERM under load (16 clients, signal at a random moment, `--exit-timeout-secs=30`):", "",
+        "| round | exit code | exit after SIGTERM | requests: answered / refused 503 / not taken (listener closed) / other |",
+        "|---|---|---|---|",
+    ]
+    for i, (took, code, got) in enumerate(rounds, 1):
+        conn = sum(v for k, v in got.items() if isinstance(k, str))
+        rest = {k: v for k, v in got.items() if k not in (200, 503) and not isinstance(k, str)}
+        lines.append(f"| {i} | {code} | {took:.2f} s | {got.get(200, 0)} / {got.get(503, 0)} / {conn} / {rest or 0} |")
+    section = "\n".join(lines) + "\n"
+    path = os.path.join(run.BENCH, "RESULTS.md")
+    text = open(path).read()
+    title = "\n## Overload and faults\n"
+    if title not in text:
+        text = text.rstrip("\n") + "\n" + title + "\n" + section
+    else:
+        start_at = text.index(title) + len(title)
+        end = text.find("\n## ", start_at)
+        end = len(text) if end < 0 else end
+        body_text = text[start_at:end]
+        import re
+        body_text = re.sub(r"\n?### Overload\n.*?(?=\n### |\Z)", "", body_text, flags=re.S)
+        text = text[:start_at] + "\n" + section + body_text.lstrip("\n") + text[end:]
+    with open(path, "w") as f:
+        f.write(text.rstrip("\n") + "\n")
+    print("wrote the Overload part of 'Overload and faults'")
+
+
+if __name__ == "__main__":
+    main()
