@@ -25,12 +25,14 @@ Options:
   --scale-on METRIC=TARGET  another autoscaling metric, e.g. request-counts-per-minute=3000 (size it
                             from the throughput bench/RESULTS.md measures per replica)
   --default-model NAME      the model predict requests go to, when the repository holds several
+  --grpc-port PORT          also serve KServe v2 gRPC through Vertex on PORT (the model's grpcPorts;
+                            creates a dedicated endpoint, which gRPC and streamed predictions need)
   --dry-run                 print the commands, run nothing
 USAGE
 }
 
 project="" region="" model_uri="" image="ferry:latest" repository="ferry" name="ferry"
-machine_type="n1-standard-4" accelerator="" min_replicas=1 max_replicas=3 target=60 scale_on="" default_model="" dry_run=false
+machine_type="n1-standard-4" accelerator="" min_replicas=1 max_replicas=3 target=60 scale_on="" default_model="" grpc_port="" dry_run=false
 while [ $# -gt 0 ]; do
   case "$1" in
     --project) project="$2"; shift 2 ;;
@@ -46,6 +48,7 @@ while [ $# -gt 0 ]; do
     --target-utilization) target="$2"; shift 2 ;;
     --scale-on) scale_on="$2"; shift 2 ;;
     --default-model) default_model="$2"; shift 2 ;;
+    --grpc-port) grpc_port="$2"; shift 2 ;;
     --dry-run) dry_run=true; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "unknown argument: $1" >&2; usage >&2; exit 2 ;;
@@ -84,14 +87,31 @@ run docker push "$uri"
 #    port 8080 are what ferry listens on.
 env_vars="FERRY_LOG_FORMAT=json"
 [ -n "$default_model" ] && env_vars="${env_vars},FERRY_VERTEX_AI_DEFAULT_MODEL=${default_model}"
+grpc_ports=()
+if [ -n "$grpc_port" ]; then
+  env_vars="${env_vars},FERRY_VERTEX_AI_GRPC_PORT=${grpc_port}"
+  grpc_ports=(--container-grpc-ports "$grpc_port")
+fi
 model_id=$(capture MODEL_ID gcloud ai models upload --project "$project" --region "$region" \
   --display-name "$name" --container-image-uri "$uri" --artifact-uri "$model_uri" \
-  --container-ports 8080 --container-env-vars "$env_vars" --format 'value(model)')
+  --container-ports 8080 "${grpc_ports[@]}" --container-env-vars "$env_vars" --format 'value(model)')
 model_id="${model_id##*/}"
 
 # 3. The endpoint, and the model deployed to it with autoscaling bounds.
-endpoint_id=$(capture ENDPOINT_ID gcloud ai endpoints create --project "$project" --region "$region" \
-  --display-name "$name" --format 'value(name)')
+if [ -n "$grpc_port" ]; then
+  # A dedicated endpoint (gRPC and streamed predictions need one), through the REST API: gcloud's
+  # support for the flag varies by release. The answer is an operation named after the endpoint.
+  token=$(capture TOKEN gcloud auth print-access-token)
+  created=$(capture "projects/${project}/locations/${region}/endpoints/ENDPOINT_ID" curl -sf -X POST \
+    -H "Authorization: Bearer ${token}" -H "Content-Type: application/json" \
+    "https://${region}-aiplatform.googleapis.com/v1/projects/${project}/locations/${region}/endpoints" \
+    -d "{\"displayName\": \"${name}\", \"dedicatedEndpointEnabled\": true}")
+  endpoint_id="${created##*/endpoints/}"
+  endpoint_id="${endpoint_id%%[!0-9A-Z_]*}"
+else
+  endpoint_id=$(capture ENDPOINT_ID gcloud ai endpoints create --project "$project" --region "$region" \
+    --display-name "$name" --format 'value(name)')
+fi
 endpoint_id="${endpoint_id##*/}"
 deploy=(gcloud ai endpoints deploy-model "$endpoint_id" --project "$project" --region "$region"
   --model "$model_id" --display-name "$name" --machine-type "$machine_type"

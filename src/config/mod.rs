@@ -116,6 +116,10 @@ struct ServeArgs {
     /// The model Vertex AI predict requests go to (default: the only model).
     #[arg(long, env = "FERRY_VERTEX_AI_DEFAULT_MODEL")]
     vertex_ai_default_model: Option<String>,
+    /// Vertex AI dedicated endpoints forward gRPC to the first of the model's `grpcPorts`: give
+    /// that port here (also AIP_GRPC_PORT) and ferry serves KServe v2 gRPC on it in Vertex mode.
+    #[arg(long, env = "FERRY_VERTEX_AI_GRPC_PORT")]
+    vertex_ai_grpc_port: Option<u16>,
     /// SageMaker listener port (SAGEMAKER_BIND_TO_PORT wins; default 8080).
     #[arg(long, env = "FERRY_SAGEMAKER_PORT")]
     sagemaker_port: Option<u16>,

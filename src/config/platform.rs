@@ -149,6 +149,11 @@ fn vertex(a: &ServeArgs, env: Env<'_>, p: &mut Platform) -> Result<(), String> {
         p.size_note = "Vertex AI shared public endpoints accept 1.5 MB; dedicated endpoints 10 MB".into();
     }
     p.repository = env("AIP_STORAGE_URI").filter(|u| !u.trim().is_empty());
+    // gRPC through Vertex (dedicated endpoints): the container's gRPC port is its `grpcPorts`.
+    if let Some(port) = a.vertex_ai_grpc_port.or(env_port(env, "AIP_GRPC_PORT")?) {
+        p.grpc = a.allow_grpc.unwrap_or(true);
+        p.grpc_port = port;
+    }
     Ok(())
 }
 

@@ -42,7 +42,7 @@ fn target(params: &[(String, String)]) -> Result<(String, Option<u64>)> {
     Ok((model, version))
 }
 
-/// The engine stream of a generate body: its inputs made as one instance of the model.
+/// The engine stream of a generate body read from the request.
 async fn start(
     s: &HttpState,
     params: &[(String, String)],
@@ -51,23 +51,29 @@ async fn start(
 ) -> Result<(String, ResponseStream)> {
     let (model, version) = target(params)?;
     let body = read_request(s, headers, body).await?;
+    Ok((model.clone(), start_with(s, &model, version, &body).await?))
+}
+
+/// The engine stream of a generate body: its keys (but `id` and `parameters`) made as one
+/// instance of the model's inputs.
+pub async fn start_with(s: &HttpState, model: &str, version: Option<u64>, body: &[u8]) -> Result<ResponseStream> {
     let mut doc: Map<String, Value> =
-        serde_json::from_slice(&body).map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))?;
+        serde_json::from_slice(body).map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))?;
     let id = match doc.remove("id") {
         Some(Value::String(id)) => id,
         Some(other) => other.to_string(),
         None => String::new(),
     };
     let parameters = doc.remove("parameters").unwrap_or(Value::Null);
-    let meta = s.engine.model_metadata(&model, version)?;
-    let max_batch = s.engine.model_config(&model, version)?.max_batch_size.max(0) as usize;
+    let meta = s.engine.model_metadata(model, version)?;
+    let max_batch = s.engine.model_config(model, version)?.max_batch_size.max(0) as usize;
     let instance = json!({"instances": [Value::Object(doc)], "parameters": parameters}).to_string();
-    let (mut request, _) = instances::requests(&model, instance.as_bytes(), &meta.inputs, max_batch.min(1))?
+    let (mut request, _) = instances::requests(model, instance.as_bytes(), &meta.inputs, max_batch.min(1))?
         .pop()
         .ok_or_else(|| Error::invalid("the generate body holds no inputs"))?;
     request.model_version = version;
     request.id = id;
-    Ok((model, s.engine.infer_stream(request).await?))
+    s.engine.infer_stream(request).await
 }
 
 fn reply_json(r: &crate::engine::StreamItem) -> Result<Value> {
@@ -114,10 +120,15 @@ async fn generate_stream(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let stream = match start(&s, &params, &headers, body).await {
-        Ok((_, stream)) => stream,
-        Err(e) => return error_response(&e),
-    };
+    match start(&s, &params, &headers, body).await {
+        Ok((_, stream)) => sse(stream),
+        Err(e) => error_response(&e),
+    }
+}
+
+/// A response stream as server-sent events: `data: {...}` per response; an error is an event
+/// `{"error": ...}` that ends the stream.
+pub fn sse(stream: ResponseStream) -> Response {
     let events = futures_util::stream::unfold((stream, false), |(mut stream, done)| async move {
         if done {
             return None;

@@ -67,6 +67,12 @@ async fn predict(State(s): State<Arc<VertexState>>, headers: HeaderMap, body: Bo
 async fn predict_inner(s: &VertexState, headers: &HeaderMap, body: Body) -> Result<Response, Error> {
     let body = read_request(&s.http, headers, body).await?;
     let model = default_model(s)?;
+    if s.http.engine.decoupled(&model, None) {
+        // streamRawPredict: a decoupled model's responses as server-sent events, its inputs the
+        // body's keys (the generate extension's body).
+        let stream = super::generate::start_with(&s.http, &model, None, &body).await?;
+        return Ok(super::generate::sse(stream));
+    }
     let header_len = match platform::json_header_size(header_str(headers, "content-type"), BINARY_CONTENT_TYPE)? {
         Some(n) => Some(n),
         None => header_str(headers, "inference-header-content-length").and_then(|v| v.trim().parse().ok()),

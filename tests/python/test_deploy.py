@@ -257,3 +257,15 @@ def test_examples_call_their_module_with_what_it_needs(example):
         needed = {k for k, v in declared.items() if "default" not in v}
         assert not needed - given, f"module {name}: missing required {needed - given}"
     assert labelled(blocks.get("provider", []), 1), "an example configures its provider"
+
+
+def test_vertex_dry_run_with_a_grpc_port_makes_a_dedicated_endpoint():
+    commands, _ = dry_run("vertex/deploy.sh", "--project", "p", "--region", "r", "--model-uri", "gs://m/r",
+                          "--grpc-port", "8500")
+    upload = find(commands, "gcloud", "ai", "models", "upload")
+    assert flag(upload, "--container-grpc-ports") == "8500"
+    assert "FERRY_VERTEX_AI_GRPC_PORT=8500" in flag(upload, "--container-env-vars")
+    create = find(commands, "curl")
+    assert any("dedicatedEndpointEnabled" in part for part in create)
+    deploy = find(commands, "gcloud", "ai", "endpoints", "deploy-model")
+    assert deploy[4] == "ENDPOINT_ID"

@@ -172,3 +172,30 @@ def test_grpc_can_be_turned_back_on_and_sigterm_drains(fresh_repo):
 def test_without_aip_mode_there_is_no_vertex_listener():
     with Server(["--model-repository", EXAMPLES], env={"AIP_HEALTH_ROUTE": HEALTH, "AIP_PREDICT_ROUTE": PREDICT}) as s:
         assert "Vertex AI service" not in s.log()
+
+
+def test_grpc_through_vertex_and_a_streamed_predict(fresh_repo):
+    """Vertex forwards gRPC to the model's grpcPorts (FERRY_VERTEX_AI_GRPC_PORT / AIP_GRPC_PORT), and
+    streamRawPredict of a decoupled model gets server-sent events on the predict route."""
+    import tritonclient.grpc as grpcclient
+    from test_decoupled import CONFIG, REPEAT
+
+    models.python_model(fresh_repo, "repeat", REPEAT, CONFIG)
+    copy_example(fresh_repo, "simple")
+    args = ["--model-repository", fresh_repo, "--vertex-ai-default-model=repeat"]
+    s = Server(args, env=vertex_env(AIP_GRPC_PORT="0"), services=("Vertex AI", "gRPC KServe v2"))
+    try:
+        client = grpcclient.InferenceServerClient(s.grpc_url)
+        a = np.ones((1, 16), dtype=np.int32)
+        ins = [grpcclient.InferInput(n, [1, 16], "INT32").set_data_from_numpy(a) for n in ("INPUT0", "INPUT1")]
+        r = client.infer("simple", ins, headers={"x-vertex-ai-endpoint-id": "123"})
+        assert r.as_numpy("OUTPUT0")[0, 0] == 2
+        import http.client
+        conn = http.client.HTTPConnection("127.0.0.1", port(s), timeout=30)
+        conn.request("POST", PREDICT, body=json.dumps({"COUNT": 3, "DELAY": 0.0, "FAIL": 0}))
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
+        events = [json.loads(l[6:]) for l in resp.read().decode().splitlines() if l.startswith("data: ")]
+        assert [e["OUT"] for e in events] == [0, 1, 2]
+    finally:
+        s.stop()

@@ -44,11 +44,15 @@ resource "google_vertex_ai_endpoint" "ferry" {
   display_name = var.name
   location     = var.region
   region       = var.region
+  # gRPC and streamed predictions reach the container only on a dedicated endpoint.
+  dedicated_endpoint_enabled = var.grpc_port > 0
 }
 
 locals {
   artifact_uri = "gs://${google_storage_bucket.models.name}/${var.model_prefix}"
-  env_vars     = var.default_model == "" ? "FERRY_LOG_FORMAT=json" : "FERRY_LOG_FORMAT=json,FERRY_VERTEX_AI_DEFAULT_MODEL=${var.default_model}"
+  env_model    = var.default_model == "" ? "FERRY_LOG_FORMAT=json" : "FERRY_LOG_FORMAT=json,FERRY_VERTEX_AI_DEFAULT_MODEL=${var.default_model}"
+  env_vars     = var.grpc_port > 0 ? "${local.env_model},FERRY_VERTEX_AI_GRPC_PORT=${var.grpc_port}" : local.env_model
+  grpc_ports   = var.grpc_port > 0 ? "--container-grpc-ports=${var.grpc_port}" : ""
   accelerator  = var.accelerator_type == "" ? "" : "--accelerator=type=${lower(replace(var.accelerator_type, "_", "-"))},count=${var.accelerator_count}"
   metrics      = var.accelerator_type == "" ? "cpu-usage=${var.target_utilization}" : "cpu-usage=${var.target_utilization},gpu-duty-cycle=${var.target_utilization}"
 }
@@ -65,7 +69,7 @@ resource "terraform_data" "deployment" {
       set -euo pipefail
       model=$(gcloud ai models upload --project=${var.project} --region=${var.region} \
         --display-name=${var.name} --container-image-uri=${var.image_uri} \
-        --artifact-uri=${local.artifact_uri} --container-ports=8080 \
+        --artifact-uri=${local.artifact_uri} --container-ports=8080 ${local.grpc_ports} \
         --container-env-vars=${local.env_vars} --format='value(model)')
       gcloud ai endpoints deploy-model ${google_vertex_ai_endpoint.ferry.name} --project=${var.project} \
         --region=${var.region} --model="$${model##*/}" --display-name=${var.name} \

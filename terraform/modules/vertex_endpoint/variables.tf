@@ -71,3 +71,9 @@ variable "default_model" {
   type        = string
   default     = ""
 }
+
+variable "grpc_port" {
+  description = "Serve KServe v2 gRPC through Vertex AI on this container port (the model's grpcPorts; needs a dedicated endpoint, which this then creates). 0 = HTTP only."
+  type        = number
+  default     = 0
+}
