@@ -12,6 +12,7 @@ Writes the "Storage faults" part of the section "Overload and faults" of bench/R
 """
 import argparse
 import asyncio
+import copy
 import json
 import os
 import random
@@ -130,18 +131,19 @@ def scenario(kind, versions, rate):
             bucket.put("repo/m/1/model.onnx", f.read())
         bucket.put("repo/m/1/_READY", b"")
         proxy = Faulty(int(storage.endpoint.rsplit(":", 1)[1]), rate)
-        bucket = coldstart.through(bucket, proxy.endpoint)
+        # The server reaches the bucket through the proxy; the uploads here go direct.
+        served = coldstart.through(copy.copy(bucket), proxy.endpoint)
         port, grpc = free_port(), free_port()
         endpoint = ["--s3-endpoint" if kind == "s3" else "--gcs-endpoint", proxy.endpoint]
         extra = [*endpoint, "--model-control-mode=poll", "--repository-poll-secs=2", "--storage-part-mib=1",
                  "--storage-retries=4", "--metrics-port=0", f"--model-cache-dir={folder}/cache", "--exit-on-error=false"]
         if kind == "gs":
             extra.append("--storage-anonymous")
-        env = {**os.environ, **bucket.server_env()}
+        env = {**os.environ, **served.server_env()}
         old_env = dict(os.environ)
         os.environ.update(env)
         try:
-            proc = run.start_server(bucket.url("repo"), port, grpc, extra)
+            proc = run.start_server(served.url("repo"), port, grpc, extra)
         finally:
             os.environ.clear()
             os.environ.update(old_env)
@@ -158,7 +160,7 @@ def scenario(kind, versions, rate):
                 with open(model_files(folder, v), "rb") as f:
                     bucket.put(f"repo/m/{v}/model.onnx", f.read())
                 bucket.put(f"repo/m/{v}/_READY", b"")
-                started, served = time.time(), False
+                started, live = time.time(), False
                 while time.time() - started < 90:
                     try:
                         got = infer(port)
@@ -167,12 +169,12 @@ def scenario(kind, versions, rate):
                         if got not in range(1, v + 1):
                             bad.append(got)
                         if got == v:
-                            served = True
+                            live = True
                             break
                     except OSError as e:
                         bad.append(repr(e))
                     time.sleep(0.05)
-                swaps.append(time.time() - started if served else None)
+                swaps.append(time.time() - started if live else None)
         finally:
             proc.terminate()
             proc.wait(60)

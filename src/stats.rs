@@ -40,6 +40,55 @@ pub struct BatchTally {
     pub compute_output: Tally,
 }
 
+/// One response index of a decoupled model's streams (`"0"`, `"1"`, ... in the statistics):
+/// `compute_infer` runs from the previous response (or the request's start) until the model
+/// hands this one over, `compute_output` from then until it is passed to the front-end.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ResponseTally {
+    pub compute_infer: Tally,
+    pub compute_output: Tally,
+    pub success: Tally,
+    pub fail: Tally,
+    /// Responses that only mark the end of a stream (no outputs).
+    pub empty_response: Tally,
+    /// Streams the client left before this response.
+    pub cancel: Tally,
+}
+
+/// How one response of a stream ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResponseOutcome {
+    Success,
+    Empty,
+    Fail,
+    Cancel,
+}
+
+/// Memory a loaded version holds, by device (`kind`: "CPU", "CPU_PINNED" or "GPU").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryUse {
+    pub kind: &'static str,
+    pub id: i64,
+    pub bytes: u64,
+}
+
+/// The resident memory of process `pid` ("self" for this one), from /proc; None where there
+/// is no /proc.
+pub fn resident_bytes(pid: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let kib = status.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok());
+    kib.map(|k: u64| k * 1024)
+}
+
+/// Adds `uses` together by device.
+pub fn sum_memory(uses: impl IntoIterator<Item = MemoryUse>) -> Vec<MemoryUse> {
+    let mut by: BTreeMap<(&'static str, i64), u64> = BTreeMap::new();
+    for m in uses {
+        *by.entry((m.kind, m.id)).or_default() += m.bytes;
+    }
+    by.into_iter().map(|((kind, id), bytes)| MemoryUse { kind, id, bytes }).collect()
+}
+
 /// Recent per-request durations (µs) kept for latency summaries, newest last.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Recent {
@@ -79,6 +128,10 @@ pub struct Snapshot {
     pub cache_miss: Tally,
     /// Keyed by executed batch size (rows).
     pub batches: BTreeMap<u64, BatchTally>,
+    /// Keyed by response index, for decoupled models.
+    pub responses: BTreeMap<u64, ResponseTally>,
+    /// What the version's instances hold, measured when they were loaded.
+    pub memory: Vec<MemoryUse>,
     /// Requests queued and not yet running.
     pub pending: i64,
     /// Requests running on an instance.
@@ -236,6 +289,33 @@ impl Stats {
         inner.snap.fail_by_origin[i] += 1;
     }
 
+    /// Response `index` of a stream: `infer` until the model handed it over, `output` until it
+    /// reached the front-end.
+    pub fn record_response(&self, index: u64, outcome: ResponseOutcome, infer: Duration, output: Duration) {
+        let mut inner = self.lock();
+        let r = inner.snap.responses.entry(index).or_default();
+        let total = infer + output;
+        match outcome {
+            ResponseOutcome::Success => {
+                r.compute_infer.add(1, infer);
+                r.compute_output.add(1, output);
+                r.success.add(1, total);
+            }
+            ResponseOutcome::Fail => {
+                r.compute_infer.add(1, infer);
+                r.compute_output.add(1, output);
+                r.fail.add(1, total);
+            }
+            ResponseOutcome::Empty => r.empty_response.add(1, total),
+            ResponseOutcome::Cancel => r.cancel.add(1, total),
+        }
+    }
+
+    /// The memory the version's instances hold.
+    pub fn set_memory(&self, memory: Vec<MemoryUse>) {
+        self.lock().snap.memory = memory;
+    }
+
     /// A request answered from the response cache: `lookup` to find and copy the response,
     /// `queued` from arrival to the lookup (the queue figure Triton reports for hits).
     pub fn record_cache_hit(&self, lookup: Duration, queued: Duration) {
@@ -312,6 +392,43 @@ mod tests {
         assert_eq!(s.recent.unwrap().compute_infer.len(), 2);
         assert_eq!(s.first_response.unwrap().counts, vec![0, 2, 0]);
         assert!(s.last_inference_ms > 0);
+    }
+
+    #[test]
+    fn responses_are_kept_by_index() {
+        let stats = Stats::default();
+        let ms = Duration::from_millis(1);
+        stats.record_response(0, ResponseOutcome::Success, 2 * ms, ms);
+        stats.record_response(1, ResponseOutcome::Success, ms, ms);
+        stats.record_response(1, ResponseOutcome::Empty, ms, Duration::ZERO);
+        stats.record_response(0, ResponseOutcome::Fail, ms, Duration::ZERO);
+        stats.record_response(2, ResponseOutcome::Cancel, ms, Duration::ZERO);
+        let s = stats.snapshot();
+        let first = s.responses[&0];
+        assert_eq!(first.success, Tally { count: 1, ns: 3_000_000 });
+        assert_eq!(first.fail, Tally { count: 1, ns: 1_000_000 });
+        assert_eq!(first.compute_infer, Tally { count: 2, ns: 3_000_000 });
+        assert_eq!(s.responses[&1].empty_response, Tally { count: 1, ns: 1_000_000 });
+        assert_eq!(s.responses[&1].success.count, 1);
+        assert_eq!(s.responses[&2].cancel.count, 1);
+        assert_eq!(s.responses[&2].success.count, 0);
+    }
+
+    #[test]
+    fn resident_memory_is_read_from_proc() {
+        let Some(bytes) = resident_bytes("self") else { return };
+        assert!(bytes > 1 << 20, "a test process holds more than 1 MiB: {bytes}");
+        assert_eq!(resident_bytes("0"), None);
+    }
+
+    #[test]
+    fn memory_adds_up_by_device() {
+        let m = |kind, id, bytes| MemoryUse { kind, id, bytes };
+        let summed = sum_memory([m("GPU", 1, 5), m("CPU", 0, 3), m("GPU", 1, 7), m("GPU", 0, 1)]);
+        assert_eq!(summed, vec![m("CPU", 0, 3), m("GPU", 0, 1), m("GPU", 1, 12)]);
+        let stats = Stats::default();
+        stats.set_memory(summed.clone());
+        assert_eq!(stats.snapshot().memory, summed);
     }
 
     #[test]

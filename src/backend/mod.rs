@@ -82,6 +82,11 @@ pub trait ModelInstance: Send {
         None
     }
 
+    /// The memory the instance holds, by device (for the statistics' `memory_usage`).
+    fn memory(&self) -> Vec<crate::stats::MemoryUse> {
+        Vec::new()
+    }
+
     /// Whether batches reach this instance as separate requests (`execute_each`).
     fn separate_requests(&self) -> bool {
         false

@@ -2,7 +2,7 @@
 use std::{
     collections::HashMap,
     path::{Path, PathBuf},
-    sync::OnceLock,
+    sync::{Mutex, OnceLock},
 };
 
 use bytes::Bytes;
@@ -24,18 +24,20 @@ use super::{Backend, BackendInput, Device, InstanceSpec, ModelInstance, ModelIo,
 use crate::{
     error::{Error, Result},
     proto::inference::ModelConfig,
+    stats::{MemoryUse, resident_bytes},
     tensor::{DataType, Tensor, bytes_elements, push_bytes_element},
 };
 
 pub struct OnnxBackend {
     library: Option<PathBuf>,
     environment: OnceLock<Result<Environment, String>>,
+    creating: Mutex<()>,
 }
 
 impl OnnxBackend {
     /// `library`: the configured ONNX Runtime path; None = discover it.
     pub fn new(library: Option<PathBuf>) -> Self {
-        OnnxBackend { library, environment: OnceLock::new() }
+        OnnxBackend { library, environment: OnceLock::new(), creating: Mutex::new(()) }
     }
 
     /// Loads the library once; every later call returns the same outcome.
@@ -110,8 +112,29 @@ impl Backend for OnnxBackend {
     }
 
     fn load(&self, spec: &InstanceSpec<'_>) -> Result<Box<dyn ModelInstance>> {
+        // What a session holds (weights, pre-packed kernels, the optimised graph) is measured as
+        // the growth of this process's resident memory while it is created, so sessions are
+        // created one at a time.
+        // The library itself is loaded before, outside the measure.
+        self.environment()?;
+        let _one = self.creating.lock().unwrap_or_else(|p| p.into_inner());
+        release_free_heap();
+        let before = resident_bytes("self");
         let session = self.session(spec.model_path, Some(spec.config), spec.intra_op_threads, spec.device)?;
-        Ok(Box::new(OnnxInstance { session, selections: HashMap::new() }))
+        // What creation parsed and dropped (the file's bytes, folded constants) goes back first.
+        release_free_heap();
+        let grown = before.zip(resident_bytes("self")).map(|(b, a)| a.saturating_sub(b));
+        let memory = grown.map(|bytes| MemoryUse { kind: "CPU", id: 0, bytes });
+        Ok(Box::new(OnnxInstance { session, memory, selections: HashMap::new() }))
+    }
+}
+
+/// Returns the C heap's free pages to the system, so that resident memory counts live memory.
+fn release_free_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks glibc's own free lists.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
@@ -150,6 +173,8 @@ fn io_of(session: &Session) -> ModelIo {
 
 struct OnnxInstance {
     session: Session,
+    /// Measured when the session was created.
+    memory: Option<MemoryUse>,
     /// Run options per set of selected outputs, made once.
     selections: HashMap<Vec<String>, RunOptions<HasSelectedOutputs>>,
 }
@@ -157,6 +182,10 @@ struct OnnxInstance {
 impl ModelInstance for OnnxInstance {
     fn model_io(&self) -> Option<ModelIo> {
         Some(io_of(&self.session))
+    }
+
+    fn memory(&self) -> Vec<MemoryUse> {
+        self.memory.iter().cloned().collect()
     }
 
     fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {

@@ -11,6 +11,7 @@ use super::Engine;
 use crate::{
     error::{Error, Result},
     request::{InferRequest, InferResponse, StreamTx, Streamed},
+    stats::ResponseOutcome,
     validate::{ValidatedRequest, validate},
 };
 
@@ -70,6 +71,13 @@ impl Engine {
                 last: s.last,
             };
             let mut accepted = false;
+            // Response statistics: the index of the next response and when the previous one left.
+            let (mut index, mut previous) = (0u64, started);
+            let mut respond = |outcome: ResponseOutcome, handed: Instant| {
+                let now = Instant::now();
+                model.stats.record_response(index, outcome, handed - previous, now - handed);
+                (index, previous) = (index + 1, now);
+            };
             let outcome: Result<()> = loop {
                 tokio::select! {
                     reply = &mut taken, if !accepted => match reply {
@@ -79,22 +87,31 @@ impl Engine {
                     },
                     next = responses.recv() => match next {
                         Some(Ok(s)) => {
-                            let last = s.last;
+                            let (handed, last) = (Instant::now(), s.last);
+                            let kind = if s.outputs.is_empty() && last { ResponseOutcome::Empty } else { ResponseOutcome::Success };
                             if out.send(Ok(item(s))).is_err() {
+                                respond(ResponseOutcome::Cancel, handed);
                                 break Err(Error::new(crate::error::ErrorKind::Cancelled, "the client left"));
                             }
+                            respond(kind, handed);
                             if last {
                                 break Ok(());
                             }
                         }
                         Some(Err(e)) => {
-                            if out.send(Err(e)).is_err() {
+                            let handed = Instant::now();
+                            let gone = out.send(Err(e)).is_err();
+                            respond(if gone { ResponseOutcome::Cancel } else { ResponseOutcome::Fail }, handed);
+                            if gone {
                                 break Ok(());
                             }
                         }
                         None => break Ok(()),
                     },
-                    () = out.closed() => break Err(Error::new(crate::error::ErrorKind::Cancelled, "the client left")),
+                    () = out.closed() => {
+                        respond(ResponseOutcome::Cancel, Instant::now());
+                        break Err(Error::new(crate::error::ErrorKind::Cancelled, "the client left"));
+                    }
                 }
             };
             match outcome {

@@ -180,6 +180,18 @@ fn stats_json(all: &[VersionStats]) -> Value {
                            "compute_infer": tally(&b.compute_infer), "compute_output": tally(&b.compute_output)})
                 })
                 .collect();
+            let responses: serde_json::Map<String, Value> = s
+                .responses
+                .iter()
+                .map(|(i, r)| {
+                    let entry = json!({"compute_infer": tally(&r.compute_infer), "compute_output": tally(&r.compute_output),
+                        "success": tally(&r.success), "fail": tally(&r.fail),
+                        "empty_response": tally(&r.empty_response), "cancel": tally(&r.cancel)});
+                    (i.to_string(), entry)
+                })
+                .collect();
+            let memory: Vec<Value> =
+                s.memory.iter().map(|m| json!({"type": m.kind, "id": m.id, "byte_size": m.bytes})).collect();
             json!({
                 "name": v.name,
                 "version": v.version.to_string(),
@@ -192,9 +204,9 @@ fn stats_json(all: &[VersionStats]) -> Value {
                     "compute_output": tally(&s.compute_output), "cache_hit": tally(&s.cache_hit),
                     "cache_miss": tally(&s.cache_miss),
                 },
-                "response_stats": {},
+                "response_stats": responses,
                 "batch_stats": batches,
-                "memory_usage": [],
+                "memory_usage": memory,
             })
         })
         .collect();

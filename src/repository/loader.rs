@@ -246,6 +246,7 @@ fn load_version(
     let read = |rel: &str, max: u64| crate::names::read_inside(dir, rel, max);
     let plan = sequence::plan(&p.config, &internal, schema.outputs.len(), devices.len(), &read)?;
     let stats = Arc::new(Stats::new(options.recent_stats, options.histogram.clone()));
+    stats.set_memory(crate::stats::sum_memory(instances.iter().flat_map(|i| i.memory())));
     let sequence_batcher = sequence::batching(&p.config);
     let dynamic = match &p.config.scheduling_choice {
         Some(SchedulingChoice::DynamicBatching(db)) => Some(db),

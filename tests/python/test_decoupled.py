@@ -147,3 +147,33 @@ def test_generate_and_generate_stream_as_server_sent_events(server):
     text = conn.getresponse().read().decode()
     assert '"error"' in text and "token 1 failed" in text, text
     conn.close()
+
+
+def test_statistics_count_each_response_by_index(tmp_path):
+    repo = str(tmp_path)
+    models.python_model(repo, "repeat", REPEAT, CONFIG)
+    with Server(["--model-repository", repo]) as s:
+        client = s.grpc_client()
+        got = queue.Queue()
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        for i in range(2):
+            client.async_stream_infer("repeat", inputs(grpcclient, 3), request_id=f"ok{i}",
+                                      enable_empty_final_response=True)
+            assert collect(got) == ([0, 1, 2], [])
+        client.async_stream_infer("repeat", inputs(grpcclient, 3, fail=1), request_id="bad",
+                                  enable_empty_final_response=True)
+        assert collect(got)[0] == [0, 2]
+        client.stop_stream()
+        http = s.client().get_inference_statistics("repeat")["model_stats"][0]["response_stats"]
+        grpc = client.get_inference_statistics("repeat").model_stats[0].response_stats
+    counts = {i: {k: v["count"] for k, v in r.items()} for i, r in http.items()}
+    assert set(counts) == {"0", "1", "2", "3"}, counts
+    assert counts["0"] == {"compute_infer": 3, "compute_output": 3, "success": 3, "fail": 0,
+                           "empty_response": 0, "cancel": 0}
+    assert (counts["1"]["success"], counts["1"]["fail"]) == (2, 1), "the failed token is response 1"
+    assert counts["2"]["success"] == 3
+    assert (counts["3"]["empty_response"], counts["3"]["success"]) == (3, 0), "the final mark is empty"
+    assert http["0"]["success"]["ns"] > 0 and http["0"]["compute_infer"]["ns"] <= http["0"]["success"]["ns"]
+    for i, r in http.items():
+        for k, v in r.items():
+            assert (getattr(grpc[i], k).count, getattr(grpc[i], k).ns) == (v["count"], v["ns"]), (i, k)

@@ -1,6 +1,7 @@
 """Protocol details real clients hit, checked side by side with Triton's behaviour: large model
 uploads through the load API, header forwarding, Python models found by model.py, unsupported
-platforms named, an output asked for twice, and flags refused at start-up."""
+platforms named, an output asked for twice, flags refused at start-up, and the memory each version
+holds in the statistics."""
 import json
 import os
 import subprocess
@@ -100,3 +101,35 @@ def test_a_zero_input_size_is_refused_at_start_up():
     for flag in ["--http-max-input-size=0", "--http-max-input-size=-1"]:
         out = subprocess.run([BINARY, "serve", flag], capture_output=True, text=True, timeout=30)
         assert out.returncode != 0 and "http-max-input-size" in out.stderr, out.stderr
+
+
+def matmul_model(repo, name, rows, cols):
+    """y = x @ W with W of rows x cols FP32 kept as a weight (nothing folds it away)."""
+    from onnx import TensorProto, helper, numpy_helper
+    w = np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32)
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", rows])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", cols])
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"])], name, [x], [y],
+                              initializer=[numpy_helper.from_array(w, "W")])
+    models.save(graph, os.path.join(repo, name, "1", "model.onnx"), opset=13)
+    models.write(os.path.join(repo, name, "config.pbtxt"), f'name: "{name}"\nmax_batch_size: 8\n')
+
+
+def test_statistics_report_the_memory_each_version_holds(tmp_path):
+    repo = str(tmp_path)
+    matmul_model(repo, "weights", 1024, 4096)
+    models.add_mul(repo, "small")
+    models.python_model(repo, "py", PARAMS, PARAMS_CONFIG)
+    with Server(["--model-repository", repo]) as s:
+        http = {m["name"]: m["memory_usage"] for m in s.client().get_inference_statistics()["model_stats"]}
+        grpc = {m.name: [{"type": u.type, "id": u.id, "byte_size": u.byte_size} for u in m.memory_usage]
+                for m in s.grpc_client().get_inference_statistics().model_stats}
+    assert http == grpc
+    weights = 1024 * 4096 * 4
+    [held] = http["weights"]
+    assert held["type"] == "CPU" and held["id"] == 0
+    assert held["byte_size"] >= weights, f"a 16 MiB weight is held: {held}"
+    [small] = http["small"]
+    assert small["byte_size"] < weights, (small, held)
+    [py] = http["py"]
+    assert py["type"] == "CPU" and py["byte_size"] > 4 << 20, f"the Python process's resident memory: {py}"

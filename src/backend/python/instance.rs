@@ -194,6 +194,12 @@ impl PythonInstance {
 }
 
 impl ModelInstance for PythonInstance {
+    /// The process's resident memory (the interpreter and what the model holds).
+    fn memory(&self) -> Vec<crate::stats::MemoryUse> {
+        let bytes = crate::stats::resident_bytes(&self.link.process.pid().to_string());
+        bytes.map(|bytes| crate::stats::MemoryUse { kind: "CPU", id: 0, bytes }).into_iter().collect()
+    }
+
     fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
         let parameters = Default::default();
         let one = BackendRequest {

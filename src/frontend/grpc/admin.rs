@@ -6,10 +6,11 @@ use crate::{
     engine::VersionStats,
     error::{Error, Result},
     proto::inference::{
-        InferBatchStatistics, InferStatistics, LogSettingsRequest, LogSettingsResponse, ModelRepositoryParameter,
-        ModelStatistics, RepositoryIndexResponse, StatisticDuration, TraceSettingRequest, TraceSettingResponse,
-        log_settings_request, log_settings_response, model_repository_parameter::ParameterChoice as RepoParam,
-        repository_index_response::ModelIndex, trace_setting_response,
+        InferBatchStatistics, InferResponseStatistics, InferStatistics, LogSettingsRequest, LogSettingsResponse,
+        MemoryUsage, ModelRepositoryParameter, ModelStatistics, RepositoryIndexResponse, StatisticDuration,
+        TraceSettingRequest, TraceSettingResponse, log_settings_request, log_settings_response,
+        model_repository_parameter::ParameterChoice as RepoParam, repository_index_response::ModelIndex,
+        trace_setting_response,
     },
     repository::{control::LoadRequest, registry::IndexEntry},
     settings::{LogSettings, LogUpdate, TraceSettings, TraceUpdate},
@@ -50,8 +51,26 @@ pub fn statistics(all: &[VersionStats]) -> Vec<ModelStatistics> {
                         compute_output: duration(&b.compute_output),
                     })
                     .collect(),
-                memory_usage: Vec::new(),
-                response_stats: HashMap::new(),
+                memory_usage: s
+                    .memory
+                    .iter()
+                    .map(|m| MemoryUsage { r#type: m.kind.to_string(), id: m.id, byte_size: m.bytes })
+                    .collect(),
+                response_stats: s
+                    .responses
+                    .iter()
+                    .map(|(i, r)| {
+                        let stats = InferResponseStatistics {
+                            compute_infer: duration(&r.compute_infer),
+                            compute_output: duration(&r.compute_output),
+                            success: duration(&r.success),
+                            fail: duration(&r.fail),
+                            empty_response: duration(&r.empty_response),
+                            cancel: duration(&r.cancel),
+                        };
+                        (i.to_string(), stats)
+                    })
+                    .collect(),
             }
         })
         .collect()
