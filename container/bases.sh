@@ -5,13 +5,24 @@
 #                                          user and /tmp; what distroless's cc image holds
 #   ferry.local/builder:bookworm           the same plus busybox's shell and tools, for the
 #                                          Dockerfile's build stage when ferry is built on the host
+#   docker.io/library/python:3.11-slim-bookworm  (with --python) a stand-in for the official Python
+#                                          image that container/Dockerfile.python starts from:
+#                                          Debian's python3.11, pip from PyPI, busybox's shell
 # Each is imported with `docker import` from a root file system unpacked by `dpkg -x`. An image
 # already present is kept (--force rebuilds).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 work="$here/.work/bases"
 force=false
-[ "${1:-}" = "--force" ] && force=true
+python=false
+for arg in "$@"; do
+  case "$arg" in
+    --force) force=true ;;
+    --python) python=true ;;
+    *) echo "unknown argument $arg" >&2; exit 2 ;;
+  esac
+done
+python_tag="docker.io/library/python:3.11-slim-bookworm"
 runtime_tag="gcr.io/distroless/cc-debian12:nonroot"
 builder_tag="ferry.local/builder:bookworm"
 
@@ -47,4 +58,23 @@ if $force || ! have "$builder_tag"; then
   mkdir -p "$work/builder/bin"
   for tool in sh cp mkdir ls touch rm echo test [ cat; do ln -sf busybox "$work/builder/bin/$tool"; done
   import "$work/builder" "$builder_tag"
+fi
+if $python && { $force || ! have "$python_tag"; }; then
+  rootfs "$work/python" "${libs[@]}" busybox-static python3.11 python3.11-minimal libpython3.11-minimal \
+    libpython3.11-stdlib media-types libbz2-1.0 libcrypt1 libdb5.3 libexpat1 libffi8 liblzma5 libncursesw6 \
+    libnsl2 libreadline8 readline-common libsqlite3-0 libssl3 libtinfo6 libtirpc3 libtirpc-common libuuid1 \
+    zlib1g libgssapi-krb5-2 libk5crypto3 libkeyutils1 libkrb5-3 libkrb5support0 libcom-err2 libgdbm6 \
+    libgdbm-compat4
+  dir="$work/python"
+  mkdir -p "$dir/bin" "$dir/usr/local/bin"
+  for tool in sh cp mkdir ls touch rm echo test [ cat env; do ln -sf busybox "$dir/bin/$tool"; done
+  ln -sf python3.11 "$dir/usr/bin/python3"
+  ln -sf /usr/bin/python3.11 "$dir/usr/local/bin/python"
+  # As the official image: pip installs where the interpreter looks, without Debian's guard.
+  rm -f "$dir"/usr/lib/python3.11/EXTERNALLY-MANAGED
+  site="$dir/usr/local/lib/python3.11/dist-packages"
+  mkdir -p "$site" "$work/pip"
+  python3 -m pip download -q --no-deps --only-binary=:all: pip -d "$work/pip"
+  python3 -m zipfile -e "$(ls "$work"/pip/pip-*.whl | head -n 1)" "$site"
+  import "$dir" "$python_tag"
 fi

@@ -8,12 +8,15 @@
 #                                                        images built by container/bases.sh when
 #                                                        the engine cannot pull
 #   add --gpu for the GPU image: onnxruntime-gpu and the CUDA 13 runtime libraries it links, from PyPI
+#   add --python for the Python image (container/Dockerfile.python, tag ferry:python by default):
+#                                                        the same on a Python base with numpy
 # Prints the image's size.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
-tag="ferry:latest"
+tag=""
 from_host=false
+python=false
 profile=release
 binary=""
 gpu=false
@@ -27,9 +30,16 @@ while [ $# -gt 0 ]; do
     --debug) profile=debug; shift ;;
     --binary) binary="$2"; shift 2 ;;
     --gpu) gpu=true; shift ;;
+    --python) python=true; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
+if [ -z "$tag" ]; then
+  if $python; then tag="ferry:python"; else tag="ferry:latest"; fi
+fi
+# The Python image starts from the plain one, built first under a tag of its own.
+final_tag="$tag"
+if $python; then tag="ferry.local/for-python:build"; fi
 find container/prebuilt -mindepth 1 ! -name README.md -delete
 args=(--pull=false)
 if $from_host; then
@@ -62,4 +72,18 @@ if $gpu && ! $from_host; then
 fi
 docker build "${args[@]}" -f container/Dockerfile -t "$tag" .
 find container/prebuilt -mindepth 1 ! -name README.md -delete
+if $python; then
+  if $from_host; then
+    # numpy's wheel for the base's Python, so the build needs no index.
+    mkdir -p container/prebuilt/wheels
+    python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
+      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --python-version 3.11 numpy \
+      -d container/prebuilt/wheels
+    bash container/bases.sh --python
+  fi
+  docker build --pull=false --build-arg FERRY="$tag" -f container/Dockerfile.python -t "$final_tag" .
+  find container/prebuilt -mindepth 1 ! -name README.md -delete
+  docker rmi -f "$tag" >/dev/null
+  tag="$final_tag"
+fi
 docker image inspect -f '{{.Size}}' "$tag" | awk -v t="$tag" '{printf "%s: %.1f MB\n", t, $1/1e6}'

@@ -16,6 +16,7 @@ import pytest
 
 from buckets import StorageServer, free_port
 from conftest import copy_example
+import models
 from ferry_server import ROOT
 from platforms import kserve_simple, request, snapshot
 import test_vertex
@@ -167,3 +168,105 @@ def test_sigterm_during_requests_drains_and_exits_cleanly(image, tmp_path_factor
     assert request(c.ports["SageMaker"], "POST", "/invocations", kserve_simple([1] * 16, [1] * 16))[0] == 200
     took, code = c.stop()
     assert code == 0 and took < 30, f"exit {code} after {took:.1f} s"
+
+
+PY_IMAGE = "ferry:pytest-python"
+
+USES = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+import {module}
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor(
+            "WHERE", np.array([{module}.WHERE.encode()], dtype=np.object_))]) for _ in requests]
+'''
+
+USES_CONFIG = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "WHERE" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+
+def tiny_wheel(folder):
+    """A wheel of one module, `tiny`, for pip to install with no index."""
+    import zipfile
+    path = os.path.join(folder, "tiny-1.0-py3-none-any.whl")
+    files = {"tiny.py": "WHERE = 'pip'\n",
+             "tiny-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tiny\nVersion: 1.0\n",
+             "tiny-1.0.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: ferry-tests\nRoot-Is-Purelib: true\n"
+                                         "Tag: py3-none-any\n"}
+    record = "".join(f"{name},,\n" for name in files) + "tiny-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as z:
+        for name, text in {**files, "tiny-1.0.dist-info/RECORD": record}.items():
+            z.writestr(name, text)
+    return os.path.basename(path)
+
+
+def env_archive(path):
+    """A venv-shaped EXECUTION_ENV_PATH archive: the image's interpreter, its own `envmarker`."""
+    import io
+    import tarfile
+    with tarfile.open(path, "w:gz") as tar:
+        def add(name, text):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+        add("pyvenv.cfg", "home = /usr/bin\ninclude-system-site-packages = true\nversion = 3.11\n")
+        add("lib/python3.11/site-packages/envmarker.py", "WHERE = 'archive'\n")
+        link = tarfile.TarInfo("bin/python3")
+        link.type, link.linkname = tarfile.SYMTYPE, "/usr/bin/python3"
+        tar.addfile(link)
+
+
+def test_the_python_image_runs_python_models_with_added_packages_and_env_archives(tmp_path):
+    subprocess.run(["bash", os.path.join(ROOT, "container", "build.sh"), "--from-host", "--debug", "--python",
+                    "--tag", PY_IMAGE], check=True, stdout=subprocess.DEVNULL)
+    # Users add their packages on top (FROM ferry:python + pip); no index is reachable here.
+    ctx = tmp_path / "derived"
+    ctx.mkdir()
+    wheel = tiny_wheel(str(ctx))
+    (ctx / "Dockerfile").write_text(f"FROM {PY_IMAGE}\nUSER root\nCOPY {wheel} /tmp/\n"
+                                    f"RUN python3 -m pip install --no-cache-dir --no-index /tmp/{wheel}\n"
+                                    "USER 65532:65532\n")
+    derived = f"{PY_IMAGE}-derived"
+    subprocess.run(["docker", "build", "--pull=false", "-t", derived, str(ctx)], check=True, stdout=subprocess.DEVNULL)
+    repo = tmp_path / "repo"
+    models.python_model(str(repo), "uses_pip", USES.format(module="tiny"), USES_CONFIG)
+    models.python_model(str(repo), "uses_env", USES.format(module="envmarker"),
+                        USES_CONFIG + 'parameters { key: "EXECUTION_ENV_PATH" '
+                        'value { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }\n')
+    env_archive(str(repo / "uses_env" / "env.tar.gz"))
+    subprocess.run(["chmod", "-R", "a+rX", str(repo)], check=True)
+    try:
+        # The example pipeline's Python steps serve by default; then the derived image's models.
+        for image, mounts, expect in ((PY_IMAGE, [], {"text_classifier": None}),
+                                      (derived, ["-v", f"{repo}:/models:ro"], {"uses_pip": "pip", "uses_env": "archive"})):
+            command = ["--model-repository", "/models"] if mounts else []
+            c = Container(image, ["-p", "127.0.0.1::8000", *mounts], command=command, service="kserve",
+                          container_port=8000)
+            try:
+                port = c.ports["kserve"]
+                status, _, body = request(port, "POST", "/v2/repository/index", b"{}")
+                ready = {m["name"] for m in json.loads(body) if m.get("state") == "READY"}
+                assert set(expect) <= ready, (ready, c.log())
+                for name, where in expect.items():
+                    if where is None:
+                        text = {"inputs": [{"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["a fine day"]}]}
+                        status, _, out = request(port, "POST", f"/v2/models/{name}/infer", json.dumps(text).encode())
+                        got = {o["name"]: o["data"] for o in json.loads(out)["outputs"]} if status == 200 else out
+                        assert set(got) == {"LABEL", "SCORE"} and 0 <= got["SCORE"][0] <= 1, got
+                        continue
+                    body = {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]}
+                    status, _, out = request(port, "POST", f"/v2/models/{name}/infer", json.dumps(body).encode())
+                    assert status == 200, out
+                    assert json.loads(out)["outputs"][0]["data"] == [where], (name, out)
+            finally:
+                c.stop()
+    finally:
+        subprocess.run(["docker", "rmi", "-f", derived, PY_IMAGE], capture_output=True)
