@@ -24,13 +24,16 @@ def triton_string_to_numpy(triton_type):
     return _NP[name]
 
 
+_BY_DTYPE = {np.dtype(v): k for k, v in _NP.items() if v is not np.object_}
+
+
 def numpy_to_triton_type(dtype):
     dtype = np.dtype(dtype)
+    found = _BY_DTYPE.get(dtype)
+    if found is not None:
+        return found
     if dtype.kind in ("O", "S", "U"):
         return "BYTES"
-    for k, v in _NP.items():
-        if v is not np.object_ and np.dtype(v) == dtype:
-            return k
     raise TritonModelException(f"numpy dtype {dtype} has no Triton datatype")
 
 
@@ -130,7 +133,7 @@ class InferenceResponse:
     def __init__(self, output_tensors=None, error=None, parameters=None):
         self._outputs = list(output_tensors or [])
         self._error = error
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters) if parameters else "{}"
 
     def output_tensors(self):
         return self._outputs
@@ -154,7 +157,7 @@ class InferenceRequest:
         self._model_name, self._version, self._timeout = model_name, model_version, timeout
         self._outputs = list(requested_output_names or [])
         self._inputs = list(inputs or [])
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters or {})
+        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters) if parameters else "{}"
         self._id, self._correlation_id, self._flags = request_id, correlation_id, flags
         self._handle = None  # set by the stub for a request of a decoupled model
 

@@ -124,6 +124,10 @@ def tensor_bytes(t):
     return pb_utils.numpy_to_triton_type(array.dtype), memoryview(array).cast("B")
 
 
+def params_text(params):
+    return json.dumps(params) if params else "{}"
+
+
 def tensor_from(name, datatype, shape, buf):
     if datatype == "BYTES":
         count = int(np.prod(shape)) if shape else 1
@@ -223,7 +227,7 @@ class Stub:
                 tensors.append(tensor_from(t["name"], t["datatype"], t["shape"], buf))
             request = pb_utils.InferenceRequest(
                 inputs=tensors, requested_output_names=r["outputs"], request_id=r.get("id", ""),
-                correlation_id=r.get("correlation_id", 0), parameters=json.dumps(r.get("parameters") or {}))
+                correlation_id=r.get("correlation_id", 0), parameters=params_text(r.get("parameters")))
             request._handle = r.get("handle")
             requests.append(request)
         responses = self.model.execute(requests)
@@ -260,7 +264,8 @@ class Stub:
             err = resp.error() if resp is not None else pb_utils.TritonError("execute() returned None for this request")
             error = {"message": err.message() if hasattr(err, "message") else str(err),
                      "code": err.code() if hasattr(err, "code") else 1} if err is not None else None
-            out.append({"outputs": meta, "error": error, "parameters": json.loads(resp.parameters() or "{}") if resp else {}})
+            params = resp.parameters() if resp is not None else ""
+            out.append({"outputs": meta, "error": error, "parameters": json.loads(params) if params not in ("", "{}") else {}})
         return {"region": {"name": self.outputs.name, "size": self.outputs.size}, "responses": out}
 
     def finalize(self, msg):
