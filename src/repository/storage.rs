@@ -23,6 +23,8 @@ use object_store::{
     path::Path as ObjPath,
 };
 
+use super::checksums::{self, Checksums};
+
 /// How to reach object storage, from the command line and the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StorageSettings {
@@ -110,7 +112,19 @@ pub struct Remote {
     settings: StorageSettings,
     /// Requests in flight, across every object: at most `settings.parallel`.
     requests: Arc<tokio::sync::Semaphore>,
+    /// Where the store's own checksums are asked for (S3 and GCS).
+    checksums: Option<Checksums>,
 }
+
+/// The ETag and version every part of one download asks for.
+#[derive(Debug, Clone, Default)]
+struct Pin {
+    etag: Option<String>,
+    version: Option<String>,
+}
+
+/// A store, who we are to it, and where to ask for its checksums.
+type Opened = (Arc<dyn ObjectStore>, String, Option<Checksums>);
 
 fn client_options(allow_http: bool) -> ClientOptions {
     ClientOptions::new().with_allow_http(allow_http).with_connect_timeout(Duration::from_secs(10))
@@ -154,7 +168,7 @@ impl CredentialProvider for AwsChain {
     }
 }
 
-async fn s3(bucket: &str, s: &StorageSettings) -> Result<(Arc<dyn ObjectStore>, String), String> {
+async fn s3(bucket: &str, s: &StorageSettings) -> Result<Opened, String> {
     let mut b = AmazonS3Builder::new().with_bucket_name(bucket).with_retry(retry(s.retries));
     let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await;
     let region = match (&s.s3_region, sdk.region(), &s.s3_endpoint) {
@@ -190,7 +204,8 @@ async fn s3(bucket: &str, s: &StorageSettings) -> Result<(Arc<dyn ObjectStore>, 
     };
     let store = b.build().map_err(|e| format!("cannot open s3://{bucket}: {e}"))?;
     tracing::info!(bucket, region = %region, principal = %principal, "using AWS credentials");
-    Ok((Arc::new(store), principal))
+    let checksums = Checksums::s3(&sdk, bucket, &region, s.s3_endpoint.as_deref(), s.anonymous);
+    Ok((Arc::new(store), principal, Some(checksums)))
 }
 
 /// The ARN STS reports for the credentials, when STS answers.
@@ -204,7 +219,7 @@ async fn caller_identity(sdk: &aws_config::SdkConfig, s: &StorageSettings) -> Op
     who.arn().map(str::to_string)
 }
 
-fn gcs(bucket: &str, s: &StorageSettings) -> Result<(Arc<dyn ObjectStore>, String), String> {
+fn gcs(bucket: &str, s: &StorageSettings) -> Result<Opened, String> {
     let mut b = GoogleCloudStorageBuilder::new().with_bucket_name(bucket).with_retry(retry(s.retries));
     if let Some(endpoint) = &s.gcs_endpoint {
         b = b.with_base_url(endpoint).with_client_options(client_options(endpoint.starts_with("http://")));
@@ -224,17 +239,19 @@ fn gcs(bucket: &str, s: &StorageSettings) -> Result<(Arc<dyn ObjectStore>, Strin
     };
     let store = b.build().map_err(|e| format!("cannot open gs://{bucket}: {e}"))?;
     tracing::info!(bucket, principal = %principal, "using Google credentials");
-    Ok((Arc::new(store), principal))
+    let credentials = (!s.anonymous).then(|| Arc::clone(store.credentials()));
+    let checksums = Checksums::gcs(s.gcs_endpoint.as_deref(), bucket, credentials);
+    Ok((Arc::new(store), principal, Some(checksums)))
 }
 
-fn azure(account_and_container: &str, s: &StorageSettings) -> Result<(Arc<dyn ObjectStore>, String), String> {
+fn azure(account_and_container: &str, s: &StorageSettings) -> Result<Opened, String> {
     let mut b =
         MicrosoftAzureBuilder::from_env().with_container_name(account_and_container).with_retry(retry(s.retries));
     if s.anonymous {
         b = b.with_skip_signature(true);
     }
     let store = b.build().map_err(|e| format!("cannot open az://{account_and_container}: {e}"))?;
-    Ok((Arc::new(store), "Azure default credentials".to_string()))
+    Ok((Arc::new(store), "Azure default credentials".to_string(), None))
 }
 
 impl Remote {
@@ -249,7 +266,7 @@ impl Remote {
         if bucket.is_empty() {
             return Err(format!("'{url}' names no bucket"));
         }
-        let (store, principal) = match scheme {
+        let (store, principal, checksums) = match scheme {
             "s3" => s3(bucket, s).await?,
             "gs" => gcs(bucket, s)?,
             "az" => azure(bucket, s)?,
@@ -264,6 +281,7 @@ impl Remote {
             principal,
             settings: s.clone(),
             requests: Arc::new(tokio::sync::Semaphore::new(s.parallel.max(1))),
+            checksums,
         })
     }
 
@@ -315,30 +333,49 @@ impl Remote {
         Ok(objects)
     }
 
+    /// What pins every part of one download to the listed content: the ETag (If-Match) and the
+    /// version that holds it now (GCS generation, S3 version id), read with a HEAD; an object
+    /// replaced since the listing fails here.
+    async fn pin(&self, path: &ObjPath, obj: &Object) -> Result<Pin, String> {
+        if let Some(generation) = obj.tag.strip_prefix(GENERATION) {
+            return Ok(Pin { etag: None, version: Some(generation.to_string()) });
+        }
+        if obj.tag.starts_with(MTIME) {
+            return Ok(Pin::default());
+        }
+        let what = format!("reading object '{path}'");
+        let meta = {
+            let _slot = self.requests.acquire().await.map_err(|e| e.to_string())?;
+            self.store.head(path).await.map_err(|e| self.access_error(&what, e))?
+        };
+        if meta.e_tag.as_deref().map(|t| t.trim_matches('"')) != Some(obj.tag.trim_matches('"')) {
+            return Err(format!(
+                "{what}: the object changed since it was listed; it is fetched again at the next attempt"
+            ));
+        }
+        Ok(Pin { etag: Some(obj.tag.clone()), version: meta.version })
+    }
+
     /// One ranged part (or the whole object), written at its offset; returns its length.
     async fn fetch_part(
         &self,
         path: &ObjPath,
-        tag: &str,
+        pin: &Pin,
         r: std::ops::Range<u64>,
         file: Arc<std::fs::File>,
         whole: bool,
     ) -> Result<u64, String> {
         let what = format!("reading object '{path}'");
         let _slot = self.requests.acquire().await.map_err(|e| e.to_string())?;
-        // Every part is pinned to the listing's ETag (or generation): an object replaced during
-        // the download fails it instead of stitching two uploads together.
-        let mut options = object_store::GetOptions::default();
-        if let Some(generation) = tag.strip_prefix(GENERATION) {
-            options.version = Some(generation.to_string());
-        } else if !tag.starts_with(MTIME) {
-            options.if_match = Some(tag.to_string());
-        }
+        // Every part is pinned: an object replaced during the download fails it instead of
+        // stitching two uploads together.
+        let mut options =
+            object_store::GetOptions { if_match: pin.etag.clone(), version: pin.version.clone(), ..Default::default() };
         if !whole {
             options.range = Some(object_store::GetRange::Bounded(r.clone()));
         }
         let changed = |e: object_store::Error| match e {
-            object_store::Error::Precondition { .. } => {
+            object_store::Error::Precondition { .. } | object_store::Error::NotFound { .. } => {
                 format!("{what}: the object changed while it was downloaded; it is fetched again at the next attempt")
             }
             e => self.access_error(&what, e),
@@ -356,10 +393,28 @@ impl Remote {
         Ok(len)
     }
 
+    /// Size and MD5 (a plain MD5 ETag), else the checksums the store keeps.
+    async fn check(&self, path: &ObjPath, obj: &Object, pin: &Pin, file: &Path) -> Result<(), String> {
+        let expected = match &self.checksums {
+            Some(c) if md5_of(&obj.tag).is_none() => {
+                c.expected(path.as_ref(), pin.etag.as_deref(), pin.version.as_deref(), obj.size).await?
+            }
+            _ => None,
+        };
+        let (file, obj) = (file.to_path_buf(), obj.clone());
+        tokio::task::spawn_blocking(move || {
+            verify(&file, &obj)?;
+            expected.map_or(Ok(()), |e| checksums::verify(&file, &obj.rel, &e))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
+
     /// Fetches one object to `dest` (through `dest.partial`, renamed only when complete and
     /// verified).
     pub async fn fetch(&self, obj: &Object, dest: &Path, progress: &Progress) -> Result<(), String> {
         let path = self.object_path(&obj.rel);
+        let pin = self.pin(&path, obj).await?;
         let partial = dest.with_extension("partial");
         let file = std::fs::File::create(&partial).map_err(|e| format!("cannot write {}: {e}", partial.display()))?;
         file.set_len(obj.size).map_err(|e| e.to_string())?;
@@ -369,7 +424,7 @@ impl Remote {
             (0..obj.size.div_ceil(part).max(1)).map(|i| i * part..((i + 1) * part).min(obj.size)).collect();
         let whole = ranges.len() == 1;
         let parts: Vec<_> =
-            ranges.into_iter().map(|r| self.fetch_part(&path, &obj.tag, r, Arc::clone(&file), whole)).collect();
+            ranges.into_iter().map(|r| self.fetch_part(&path, &pin, r, Arc::clone(&file), whole)).collect();
         // The parts of one large object fill every free request slot (the semaphore in
         // fetch_part bounds the requests of all objects together).
         let mut parts = stream::iter(parts).buffer_unordered(self.settings.parallel.max(1));
@@ -382,10 +437,7 @@ impl Remote {
         .await;
         drop(file);
         let checked = match result {
-            Ok(()) => {
-                let (file, obj) = (partial.clone(), obj.clone());
-                tokio::task::spawn_blocking(move || verify(&file, &obj)).await.map_err(|e| e.to_string())?
-            }
+            Ok(()) => self.check(&path, obj, &pin, &partial).await,
             Err(e) => Err(e),
         };
         if let Err(e) = checked {
@@ -396,14 +448,19 @@ impl Remote {
     }
 }
 
-/// Size, and MD5 when the tag is a plain MD5 ETag (single-part S3 and GCS uploads).
+/// The MD5 an ETag is, when it is a plain MD5 (single-part S3 uploads, GCS objects).
+fn md5_of(tag: &str) -> Option<String> {
+    let tag = tag.trim_matches('"').to_ascii_lowercase();
+    (tag.len() == 32 && tag.bytes().all(|b| b.is_ascii_hexdigit())).then_some(tag)
+}
+
+/// Size, and MD5 when the tag is a plain MD5 ETag.
 fn verify(file: &Path, obj: &Object) -> Result<(), String> {
     let len = std::fs::metadata(file).map_err(|e| e.to_string())?.len();
     if len != obj.size {
         return Err(format!("'{}' is {len} bytes, the store says {}", obj.rel, obj.size));
     }
-    let tag = obj.tag.trim_matches('"').to_ascii_lowercase();
-    if tag.len() == 32 && tag.bytes().all(|b| b.is_ascii_hexdigit()) {
+    if let Some(tag) = md5_of(&obj.tag) {
         let got = md5_file(file)?;
         if got != tag {
             return Err(format!("'{}' has MD5 {got}, the store's ETag says {tag}", obj.rel));
