@@ -496,3 +496,35 @@ impl Sources {
         )
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    #[test]
+    fn the_sweep_keeps_what_serves_and_what_is_being_built() {
+        let cache = tempfile::tempdir().unwrap();
+        let (models, objects) = (cache.path().join("models"), cache.path().join("objects"));
+        let dir = |p: &Path| std::fs::create_dir_all(p).unwrap();
+        let (keep, older) = (models.join("keep"), models.join("older"));
+        let (other_model, dead, building) = (
+            models.join("other"),
+            models.join("x.partial-999999999"),
+            models.join(format!("y.partial-{}", std::process::id())),
+        );
+        for d in [keep.join("m/1"), older.join("m/1"), other_model.join("n/1"), dead.join("m"), building.join("m")] {
+            dir(&d);
+        }
+        dir(&objects);
+        std::fs::write(objects.join("used"), b"weights").unwrap();
+        std::fs::hard_link(objects.join("used"), keep.join("m/1/model.onnx")).unwrap();
+        std::fs::write(objects.join("unused"), b"old weights").unwrap();
+        super::sweep(&models, &objects, &keep, "m");
+        assert!(keep.join("m/1/model.onnx").is_file(), "the serving copy stays");
+        assert!(!older.exists(), "the model's older copy goes");
+        assert!(other_model.exists(), "another model's copy stays");
+        assert!(!dead.exists(), "staging of a process that is gone goes");
+        assert!(building.exists(), "this process's staging in progress stays");
+        assert!(objects.join("used").exists() && !objects.join("unused").exists());
+    }
+}

@@ -4,7 +4,8 @@ SHA-256, checked part by part; composed GCS objects, CRC32C), a proxy that chang
 bodies (same length, same headers) stands in for a corrupted download: ferry refuses that version,
 names the checksum, and keeps serving. Pinning: an object replaced while its parts download fails
 that attempt (If-Match on every part) instead of mixing two uploads, and the next poll serves the
-new one."""
+new one. Listing: the repository index answers from the last listing, so clients asking for it
+cannot make ferry list the bucket on every call."""
 import json
 import re
 import socket
@@ -48,7 +49,7 @@ class Proxy:
         self.port = self.listener.getsockname()[1]
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.here, self.there = f"127.0.0.1:{self.port}".encode(), f"127.0.0.1:{port}".encode()
-        self.changed, self.ranged = 0, 0
+        self.changed, self.ranged, self.lists = 0, 0, 0
         self.hooked, self.lock = threading.Event(), threading.Lock()
         threading.Thread(target=self.accept, daemon=True).start()
 
@@ -66,6 +67,8 @@ class Proxy:
                     self.changed += data.count(MARKER)
                     data = data.replace(MARKER, MARKER[:-1] + b"!")
                 elif not replies:
+                    if data.startswith(b"GET ") and b"list-type=2" in data.split(b"\r\n", 1)[0]:
+                        self.lists += 1
                     if self.before_parts and data.startswith(b"GET ") and b"\nrange:" in data.lower():
                         with self.lock:
                             self.ranged += 1
@@ -180,5 +183,25 @@ def test_an_object_replaced_during_its_download_is_never_mixed(kind, tmp_path):
                 time.sleep(0.2)
             assert seen <= {None, 1.0, 2.0} and 2.0 in seen, (seen, s.log())
             assert "ONNX Runtime cannot load" not in s.log(), "never a joined file"
+    finally:
+        storage.stop()
+
+
+@pytest.mark.parametrize("kind", ["s3", "gcs"])
+def test_the_index_answers_from_the_last_listing(kind, tmp_path, onnx_file):
+    storage = StorageServer(kind)
+    try:
+        bucket = storage.bucket("listed")
+        bucket.put("repo/m/config.pbtxt", b'name: "m"\nmax_batch_size: 8\n')
+        bucket.put("repo/m/1/model.onnx", onnx_file)
+        proxy = Proxy(int(storage.endpoint.rsplit(":", 1)[1]))
+        with serve(bucket, proxy.endpoint, tmp_path, "listed", "--model-control-mode=poll",
+                   "--repository-poll-secs=3600") as s:
+            assert s.client().is_model_ready("m")
+            before = proxy.lists
+            for _ in range(50):
+                assert [m["name"] for m in s.client().get_model_repository_index()] == ["m"]
+                s.grpc_client().get_model_repository_index()
+            assert before >= 1 and proxy.lists == before, (before, proxy.lists)
     finally:
         storage.stop()

@@ -176,6 +176,29 @@ def test_a_broken_version_or_config_leaves_the_old_one_serving(bucket, tmp_path)
         assert "the model left the repositories; unloading" in s.log()
 
 
+def test_staging_copies_are_collected_only_once_a_replacement_serves(bucket, tmp_path):
+    upload_version(bucket, "repo", tmp_path, 1)
+    models_dir = tmp_path / "cache" / "models"
+    with start(bucket, "repo", tmp_path, "--model-control-mode=poll", "--repository-poll-secs=1") as s:
+        assert served_version(s.client()) == (1, 1)
+        first = set(os.listdir(models_dir))
+        assert first, "version 1 serves from a staging copy"
+        stale = models_dir / "0123abcd.partial-999999999"
+        stale.mkdir()
+        # A version that fails to load: the copy version 1 runs from stays, and so does anything
+        # the collection would take (it runs only after a successful load).
+        bucket.put(f"repo/{NAME}/2/model.onnx", b"this is not an ONNX model" * 10)
+        bucket.put(f"repo/{NAME}/2/_READY", b"")
+        assert s.wait_log("load failed; what served keeps serving", timeout=30), s.log()
+        assert first <= set(os.listdir(models_dir)) and stale.is_dir()
+        assert served_version(s.client()) == (1, 1)
+        # A good version 3 serves: the older copies and the dead process's half-built one go.
+        upload_version(bucket, "repo", tmp_path, 3)
+        wait_for(lambda: served_version(s.client()) == (3, 3), "version 3")
+        wait_for(lambda: not stale.exists() and not first & set(os.listdir(models_dir)), "the collection")
+        assert served_version(s.client()) == (3, 3)
+
+
 def test_explicit_loads_from_a_bucket(bucket, tmp_path):
     upload_version(bucket, "repo", tmp_path, 1)
     with start(bucket, "repo", tmp_path, "--model-control-mode=explicit", "--repository-poll-secs=1") as s:
