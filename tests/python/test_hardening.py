@@ -502,3 +502,33 @@ def test_sagemaker_model_api_only_on_multi_model_endpoints_and_never_replacing(t
 def kserve_body():
     from platforms import kserve_simple
     return kserve_simple([1] * 16, [1] * 16)
+
+
+def test_sigterm_with_an_open_stream_finishes_its_request_and_exits_by_the_deadline(tmp_path):
+    """A decoupled request admitted on a gRPC stream before SIGTERM sends all its responses; the
+    stream the client keeps open is closed at --exit-timeout-secs and the process exits 0."""
+    import queue
+    import signal
+    import time
+
+    import models
+    from test_decoupled import CONFIG, REPEAT, collect, inputs
+
+    models.python_model(str(tmp_path), "repeat", REPEAT, CONFIG)
+    with Server(["--model-repository", str(tmp_path), "--exit-timeout-secs=4"]) as s:
+        client = s.grpc_client()
+        got = queue.Queue()
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        client.async_stream_infer("repeat", inputs(grpcclient, 8, delay=0.15), request_id="admitted",
+                                  enable_empty_final_response=True)
+        first, error = got.get(timeout=30)
+        assert error is None, error
+        signalled = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        values, errors = collect(got, timeout=10)
+        assert (values, errors) == ([1, 2, 3, 4, 5, 6, 7], []), "every response of the admitted request"
+        assert s.wait_exit(timeout=30) == 0
+        took = time.monotonic() - signalled
+        assert took < 4 + 2, f"exit {took:.1f} s after SIGTERM, deadline 4 s"
+        assert "exit deadline reached" in s.log(), "the stream the client kept open was closed at the deadline"
+        client.stop_stream()
