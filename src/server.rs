@@ -150,7 +150,12 @@ pub async fn run(
     // Python processes call back into the engine (BLS, model control) once it exists.
     let host: HostSlot = Arc::default();
     let python = PythonBackend::new(config.python.clone(), Arc::clone(&host), tokio::runtime::Handle::current());
-    let backends = Backends::new(vec![onnx, Arc::new(python), Arc::new(IdentityBackend)]);
+    let backends = Backends::new(vec![
+        onnx,
+        Arc::new(python),
+        Arc::new(IdentityBackend),
+        Arc::new(crate::backend::native::post::PostBackend),
+    ]);
     let registry = Arc::new(Registry::default());
     let options = LoadOptions {
         auto_complete: config.auto_complete,

@@ -15,6 +15,7 @@ use crate::{
 };
 
 pub mod identity;
+pub mod native;
 pub mod onnx;
 pub mod python;
 

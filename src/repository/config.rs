@@ -49,10 +49,7 @@ pub fn fill(cfg: &mut ModelConfig, dir: &Path, dir_name: &str) -> Result<(), Str
         return Ok(());
     }
     if let Some(hint) = unsupported(&cfg.platform, &cfg.backend) {
-        return Err(format!(
-            "model '{}': {hint}; ferry serves backend \"onnxruntime\" (platform \"onnxruntime_onnx\"), backend \"python\" and platform \"ensemble\"",
-            cfg.name
-        ));
+        return Err(format!("model '{}': {hint}; {SERVED}", cfg.name));
     }
     let onnx = cfg.backend == "onnxruntime"
         || (cfg.backend.is_empty() && cfg.platform == "onnxruntime_onnx")
@@ -75,10 +72,7 @@ pub fn fill(cfg: &mut ModelConfig, dir: &Path, dir_name: &str) -> Result<(), Str
         cfg.backend = "python".into();
         cfg.default_model_filename = "model.py".into();
     } else if cfg.backend.is_empty() && cfg.platform.is_empty() {
-        return Err(format!(
-            "must specify 'platform' or 'backend' for '{}' (ferry serves backend \"onnxruntime\", backend \"python\" and platform \"ensemble\")",
-            cfg.name
-        ));
+        return Err(format!("must specify 'platform' or 'backend' for '{}' ({SERVED})", cfg.name));
     } else if cfg.backend == "python" && cfg.default_model_filename.is_empty() {
         cfg.default_model_filename = "model.py".into();
     } else if cfg.default_model_filename.is_empty() && !cfg.backend.is_empty() {
@@ -100,9 +94,13 @@ fn first_version_holds(dir: &Path, file: &str) -> bool {
     subdirs.first().is_some_and(|d| d.join(file).exists())
 }
 
+/// What ferry serves, for errors about what it does not.
+const SERVED: &str = "ferry serves backend \"onnxruntime\" (platform \"onnxruntime_onnx\"), backend \"python\", its \
+                      built-in processing backend \"ferry_postprocess\" and platform \"ensemble\"";
+
 /// What to say of a platform or backend ferry does not serve (None: one it serves, or none named).
 fn unsupported(platform: &str, backend: &str) -> Option<String> {
-    let served = |b: &str| matches!(b, "" | "onnxruntime" | "python" | "identity");
+    let served = |b: &str| matches!(b, "" | "onnxruntime" | "python" | "identity" | "ferry_postprocess");
     let named = |what: &str, name: &str| format!("{what} '{name}' is not served by ferry");
     let hint = |p: &str| match p {
         "tensorrt_plan" | "tensorrt" => " (run the ONNX model with ONNX Runtime's TensorRT execution provider instead)",
