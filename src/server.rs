@@ -155,6 +155,7 @@ pub async fn run(
         Arc::new(python),
         Arc::new(IdentityBackend),
         Arc::new(crate::backend::native::post::PostBackend),
+        Arc::new(crate::backend::native::tokenizer::TokenizerBackend),
     ]);
     let registry = Arc::new(Registry::default());
     let options = LoadOptions {

@@ -1,5 +1,5 @@
-//! Processing steps built into ferry, so pipelines need no Python: output steps (softmax, top-k
-//! with labels, pooling, YOLO boxes with non-maximum suppression), each an ordinary backend
+//! Processing steps built into ferry, so pipelines need no Python: tokenizers and output steps
+//! (softmax, top-k with labels, pooling, YOLO boxes with non-maximum suppression), each an ordinary backend
 //! configured by the model's `parameters`, batched and composable in ensembles like any model.
 use std::{collections::HashMap, fmt::Display, ops::RangeInclusive, str::FromStr};
 
@@ -13,6 +13,7 @@ use crate::{
 };
 
 pub mod post;
+pub mod tokenizer;
 
 /// A model's `parameters`, read with errors that name the model, the key, the value and what is
 /// allowed. Keys a backend does not know are refused (a typo is not silently ignored).

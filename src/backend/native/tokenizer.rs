@@ -1,0 +1,257 @@
+//! `backend: "ferry_tokenizer"`: Hugging Face tokenizers (`tokenizer.json`, read with the
+//! `tokenizers` crate, the code the Python library runs) from the model's version folder.
+//!
+//! - `direction: encode` (default): text in (BYTES, UTF-8; a second BYTES input makes sentence
+//!   pairs; `dims: [ 1 ]` is one text per row and gives `[rows, tokens]`, other dims get the
+//!   tokens added as a last dimension), token ids, attention mask and token type ids out (the outputs named by the
+//!   `input_ids`, `attention_mask` and `token_type_ids` parameters, those names by default;
+//!   INT64 or INT32 as the config declares). `padding`: `longest` (the longest text of the
+//!   request) or `max_length`; `max_length` truncates (and pads, with `padding: max_length`);
+//!   `add_special_tokens` (true).
+//! - `direction: decode`: ids in (INT64/INT32 `[..., L]`), text out (BYTES `[...]`),
+//!   `skip_special_tokens` (true).
+//!
+//! Each request is tokenised on its own, so its padding never depends on what it was batched with.
+use std::path::Path;
+
+use tokenizers::{
+    EncodeInput, Tokenizer,
+    utils::{
+        padding::{PaddingParams, PaddingStrategy},
+        truncation::TruncationParams,
+    },
+};
+
+use super::{Params, bytes_tensor, int_tensor};
+use crate::{
+    backend::{Backend, BackendInput, BackendRequest, InstanceSpec, ModelInstance, ModelIo},
+    error::{Error, Result},
+    proto::inference::ModelConfig,
+    tensor::{DataType, Tensor, bytes_elements},
+};
+
+pub struct TokenizerBackend;
+
+/// The largest tokenizer.json read.
+const MAX_FILE: u64 = 512 << 20;
+
+const KEYS: &[&str] = &[
+    "direction",
+    "tokenizer",
+    "padding",
+    "max_length",
+    "add_special_tokens",
+    "skip_special_tokens",
+    "input_ids",
+    "attention_mask",
+    "token_type_ids",
+];
+
+struct Encode {
+    add_special_tokens: bool,
+    /// The text input's dims end in 1 (`dims: [ 1 ]`, one text per row): the tokens take that
+    /// place in the outputs' shape (`[rows, tokens]`) instead of being added after it.
+    one_per_row: bool,
+    /// (output name, datatype) for ids, mask and type ids, where the config has them.
+    ids: Option<(String, DataType)>,
+    mask: Option<(String, DataType)>,
+    types: Option<(String, DataType)>,
+}
+
+enum Direction {
+    Encode(Encode),
+    Decode { skip_special_tokens: bool, output: String },
+}
+
+struct TokenizerInstance {
+    tokenizer: Tokenizer,
+    direction: Direction,
+    model: String,
+}
+
+fn output(config: &ModelConfig, name: &str) -> Result<Option<(String, DataType)>> {
+    let Some(o) = config.output.iter().find(|o| o.name == name) else { return Ok(None) };
+    match DataType::from_config(o.data_type) {
+        Some(t @ (DataType::Int64 | DataType::Int32)) => Ok(Some((o.name.clone(), t))),
+        _ => Err(Error::invalid(format!("model '{}': output '{name}' must be TYPE_INT64 or TYPE_INT32", config.name))),
+    }
+}
+
+impl Backend for TokenizerBackend {
+    fn name(&self) -> &'static str {
+        "ferry_tokenizer"
+    }
+
+    fn model_io(&self, _model_path: &Path) -> Result<ModelIo> {
+        Ok(ModelIo::default())
+    }
+
+    fn load(&self, spec: &InstanceSpec<'_>) -> Result<Box<dyn ModelInstance>> {
+        let config = spec.config;
+        let p = Params::new(config);
+        p.only(KEYS)?;
+        // Instances give the parallelism; the library's own thread pool would take every core.
+        tokenizers::utils::parallelism::set_parallelism(false);
+        let version = spec.model_path.parent().unwrap_or(spec.model_path);
+        let file = p.text("tokenizer").unwrap_or("tokenizer.json");
+        let fail = |why: String| Error::invalid(format!("model '{}': tokenizer '{file}': {why}", config.name));
+        let data = crate::names::read_inside(version, file, MAX_FILE).map_err(|e| fail(e.to_string()))?;
+        let mut tokenizer = Tokenizer::from_bytes(&data).map_err(|e| fail(e.to_string()))?;
+        let decode = p.choice("direction", false, &[("encode", false), ("decode", true)])?;
+        let direction = if decode {
+            let [o] = &config.output[..] else {
+                return Err(Error::invalid(format!("model '{}': decode has one TYPE_STRING output", config.name)));
+            };
+            if DataType::from_config(o.data_type) != Some(DataType::Bytes) {
+                return Err(Error::invalid(format!(
+                    "model '{}': output '{}' must be TYPE_STRING",
+                    config.name, o.name
+                )));
+            }
+            Direction::Decode { skip_special_tokens: p.flag("skip_special_tokens", true)?, output: o.name.clone() }
+        } else {
+            let max_length = p.number("max_length", 0usize, 0..=1 << 20)?;
+            let fixed = p.choice("padding", false, &[("longest", false), ("max_length", true)])?;
+            if fixed && max_length == 0 {
+                return Err(Error::invalid(format!(
+                    "model '{}': parameter 'padding' is 'max_length'; it needs 'max_length'",
+                    config.name
+                )));
+            }
+            let truncation = (max_length > 0).then(|| TruncationParams { max_length, ..Default::default() });
+            tokenizer.with_truncation(truncation).map_err(|e| fail(e.to_string()))?;
+            // The file's own pad token and id, when it has them.
+            let mut padding = tokenizer.get_padding().cloned().unwrap_or_default();
+            padding.strategy = if fixed { PaddingStrategy::Fixed(max_length) } else { PaddingStrategy::BatchLongest };
+            padding.pad_to_multiple_of = None;
+            tokenizer.with_padding(Some(PaddingParams { ..padding }));
+            let named = |key: &str| output(config, p.text(key).unwrap_or(key));
+            let e = Encode {
+                add_special_tokens: p.flag("add_special_tokens", true)?,
+                one_per_row: config.input.first().is_some_and(|i| i.dims.last() == Some(&1)),
+                ids: named("input_ids")?,
+                mask: named("attention_mask")?,
+                types: named("token_type_ids")?,
+            };
+            if e.ids.is_none() && e.mask.is_none() && e.types.is_none() {
+                return Err(Error::invalid(format!(
+                    "model '{}': no output is named 'input_ids', 'attention_mask' or 'token_type_ids' (or what the \
+                     parameters of those names say)",
+                    config.name
+                )));
+            }
+            Direction::Encode(e)
+        };
+        Ok(Box::new(TokenizerInstance { tokenizer, direction, model: config.name.clone() }))
+    }
+}
+
+fn texts<'a>(input: &'a BackendInput<'a>) -> Result<Vec<&'a str>> {
+    if input.datatype != DataType::Bytes {
+        return Err(Error::invalid(format!("input '{}' must be BYTES, got {}", input.name, input.datatype.wire())));
+    }
+    bytes_elements(input.data)
+        .map(|e| {
+            std::str::from_utf8(e?)
+                .map_err(|_| Error::invalid(format!("input '{}' holds text that is not UTF-8", input.name)))
+        })
+        .collect()
+}
+
+fn ids_of(input: &BackendInput<'_>) -> Result<Vec<u32>> {
+    let d = input.data;
+    let wide: Vec<i64> = match input.datatype {
+        DataType::Int64 => d.chunks_exact(8).map(|c| i64::from_le_bytes(c.try_into().unwrap_or_default())).collect(),
+        DataType::Int32 => {
+            d.chunks_exact(4).map(|c| i64::from(i32::from_le_bytes(c.try_into().unwrap_or_default()))).collect()
+        }
+        t => return Err(Error::invalid(format!("input '{}' must be INT64 or INT32, got {}", input.name, t.wire()))),
+    };
+    wide.into_iter()
+        .map(|v| u32::try_from(v).map_err(|_| Error::invalid(format!("input '{}' holds the token id {v}", input.name))))
+        .collect()
+}
+
+impl TokenizerInstance {
+    fn encode(&self, e: &Encode, inputs: &[BackendInput<'_>], wanted: &[&str]) -> Result<Vec<Tensor>> {
+        let first = inputs.first().ok_or_else(|| Error::invalid("no text input"))?;
+        let a = texts(first)?;
+        let batch: Vec<EncodeInput<'_>> = match inputs.get(1) {
+            Some(second) => {
+                let b = texts(second)?;
+                if b.len() != a.len() {
+                    return Err(Error::invalid(format!(
+                        "inputs '{}' and '{}' hold {} and {} texts; sentence pairs need as many of each",
+                        first.name,
+                        second.name,
+                        a.len(),
+                        b.len()
+                    )));
+                }
+                a.iter().zip(&b).map(|(x, y)| (*x, *y).into()).collect()
+            }
+            None => a.iter().map(|x| (*x).into()).collect(),
+        };
+        let encodings = self
+            .tokenizer
+            .encode_batch(batch, e.add_special_tokens)
+            .map_err(|err| Error::invalid(format!("model '{}': tokenizing failed: {err}", self.model)))?;
+        let len = encodings.first().map_or(0, |x| x.get_ids().len());
+        let mut shape = first.shape.to_vec();
+        if e.one_per_row && shape.last() == Some(&1) {
+            shape.pop();
+        }
+        shape.push(len as i64);
+        let mut out = Vec::new();
+        let mut emit = |role: &Option<(String, DataType)>, get: fn(&tokenizers::Encoding) -> &[u32]| {
+            if let Some((name, t)) = role
+                && wanted.contains(&name.as_str())
+            {
+                let values: Vec<i64> = encodings.iter().flat_map(|x| get(x).iter().map(|&v| i64::from(v))).collect();
+                out.push(int_tensor(name, *t, shape.clone(), &values));
+            }
+        };
+        emit(&e.ids, tokenizers::Encoding::get_ids);
+        emit(&e.mask, tokenizers::Encoding::get_attention_mask);
+        emit(&e.types, tokenizers::Encoding::get_type_ids);
+        Ok(out)
+    }
+
+    fn decode(&self, skip: bool, output: &str, inputs: &[BackendInput<'_>]) -> Result<Vec<Tensor>> {
+        let input = inputs.first().ok_or_else(|| Error::invalid("no ids input"))?;
+        let ids = ids_of(input)?;
+        let len = match input.shape.last() {
+            Some(&l) if l > 0 => l as usize,
+            _ => 1,
+        };
+        let rows: Vec<&[u32]> = ids.chunks(len).collect();
+        let text = self
+            .tokenizer
+            .decode_batch(&rows, skip)
+            .map_err(|err| Error::invalid(format!("model '{}': decoding failed: {err}", self.model)))?;
+        let shape = input.shape[..input.shape.len().saturating_sub(1)].to_vec();
+        Ok(vec![bytes_tensor(output, shape, text.iter().map(|s| s.as_bytes()))])
+    }
+
+    fn run(&self, inputs: &[BackendInput<'_>], wanted: &[&str]) -> Result<Vec<Tensor>> {
+        match &self.direction {
+            Direction::Encode(e) => self.encode(e, inputs, wanted),
+            Direction::Decode { skip_special_tokens, output } => self.decode(*skip_special_tokens, output, inputs),
+        }
+    }
+}
+
+impl ModelInstance for TokenizerInstance {
+    fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
+        self.run(inputs, outputs)
+    }
+
+    /// Each request padded to its own longest text, and a bad text fails only its request.
+    fn separate_requests(&self) -> bool {
+        true
+    }
+
+    fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Vec<Tensor>>> {
+        requests.iter().map(|r| self.run(&r.inputs, &r.outputs)).collect()
+    }
+}
