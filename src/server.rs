@@ -154,6 +154,7 @@ pub async fn run(
         onnx,
         Arc::new(python),
         Arc::new(IdentityBackend),
+        Arc::new(crate::backend::native::image::ImageBackend),
         Arc::new(crate::backend::native::post::PostBackend),
         Arc::new(crate::backend::native::tokenizer::TokenizerBackend),
     ]);

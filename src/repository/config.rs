@@ -96,12 +96,17 @@ fn first_version_holds(dir: &Path, file: &str) -> bool {
 
 /// What ferry serves, for errors about what it does not.
 const SERVED: &str = "ferry serves backend \"onnxruntime\" (platform \"onnxruntime_onnx\"), backend \"python\", its \
-                      built-in processing backends \"ferry_tokenizer\" and \"ferry_postprocess\", and platform \"ensemble\"";
+                      built-in processing backends \"ferry_image\", \"ferry_tokenizer\" and \"ferry_postprocess\", and \
+                      platform \"ensemble\"";
 
 /// What to say of a platform or backend ferry does not serve (None: one it serves, or none named).
 fn unsupported(platform: &str, backend: &str) -> Option<String> {
-    let served =
-        |b: &str| matches!(b, "" | "onnxruntime" | "python" | "identity" | "ferry_tokenizer" | "ferry_postprocess");
+    let served = |b: &str| {
+        matches!(
+            b,
+            "" | "onnxruntime" | "python" | "identity" | "ferry_image" | "ferry_tokenizer" | "ferry_postprocess"
+        )
+    };
     let named = |what: &str, name: &str| format!("{what} '{name}' is not served by ferry");
     let hint = |p: &str| match p {
         "tensorrt_plan" | "tensorrt" => " (run the ONNX model with ONNX Runtime's TensorRT execution provider instead)",

@@ -1,4 +1,4 @@
-//! Processing steps built into ferry, so pipelines need no Python: tokenizers and output steps
+//! Processing steps built into ferry, so pipelines need no Python: image pre-processing, tokenizers and output steps
 //! (softmax, top-k with labels, pooling, YOLO boxes with non-maximum suppression), each an ordinary backend
 //! configured by the model's `parameters`, batched and composable in ensembles like any model.
 use std::{collections::HashMap, fmt::Display, ops::RangeInclusive, str::FromStr};
@@ -12,6 +12,7 @@ use crate::{
     tensor::{DataType, Tensor, push_bytes_element},
 };
 
+pub mod image;
 pub mod post;
 pub mod tokenizer;
 
@@ -27,8 +28,13 @@ impl<'a> Params<'a> {
         Params { model: &config.name, all: &config.parameters }
     }
 
-    fn fail(&self, key: &str, value: &str, allowed: impl Display) -> Error {
+    /// A bad value: names the model, the key, the value and what is allowed.
+    pub fn fail(&self, key: &str, value: &str, allowed: impl Display) -> Error {
         Error::invalid(format!("model '{}': parameter '{key}' is '{value}'; {allowed}", self.model))
+    }
+
+    pub fn model(&self) -> &str {
+        self.model
     }
 
     pub fn text(&self, key: &str) -> Option<&'a str> {

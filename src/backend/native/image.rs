@@ -1,0 +1,345 @@
+//! `backend: "ferry_image"`: encoded images (BYTES: raw, or base64 with `encoding: base64`;
+//! JPEG, PNG, WebP, BMP, GIF's first frame; EXIF orientation applied) to the tensor a vision model
+//! takes. Steps, each a parameter, with `preset` (`clip`, `imagenet`, `yolo`) setting them all:
+//! `color` rgb|bgr|gray; `resize` none|exact|shortest|longest|letterbox with `size` (`N` or
+//! `W,H`), `filter` nearest|bilinear|bicubic|lanczos and `antialias` (PIL's convolution, or a
+//! fixed kernel as OpenCV); `crop` (`N` or `W,H`, centred; `crop_offset` floor|round);
+//! `pad_value` (letterbox); `scale`, `mean`, `std` (per channel); `layout` nchw|nhwc; the output's
+//! datatype (FP32, FP16, or UINT8 for raw pixels). A second FP32 output of `dims: [ 4 ]` gets
+//! `[scale_x, scale_y, pad_x, pad_y]` (x' = x * scale + pad), to map boxes back. `max_pixels`
+//! (50 million) bounds what one image may decode to. Each request runs on its own: a corrupt
+//! image fails only its request.
+use std::path::Path;
+
+use base64::Engine as _;
+use half::f16;
+
+use super::{Params, f32_tensor};
+use crate::{
+    backend::{Backend, BackendInput, BackendRequest, InstanceSpec, ModelInstance, ModelIo},
+    error::{Error, Result},
+    tensor::{DataType, Tensor, bytes_elements},
+};
+
+mod ops;
+use ops::{Color, Filter, Pixels};
+
+pub struct ImageBackend;
+
+const KEYS: &[&str] = &[
+    "preset",
+    "encoding",
+    "color",
+    "resize",
+    "size",
+    "filter",
+    "antialias",
+    "crop",
+    "crop_offset",
+    "pad_value",
+    "scale",
+    "mean",
+    "std",
+    "layout",
+    "max_pixels",
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Resize {
+    None,
+    Exact,
+    Shortest,
+    Longest,
+    Letterbox,
+}
+
+#[derive(Debug, Clone)]
+struct Steps {
+    base64: bool,
+    color: Color,
+    resize: Resize,
+    size: (u32, u32),
+    filter: Filter,
+    antialias: bool,
+    crop: Option<(u32, u32)>,
+    crop_round: bool,
+    pad: u8,
+    scale: f32,
+    mean: Vec<f32>,
+    std: Vec<f32>,
+    nchw: bool,
+    max_pixels: u64,
+}
+
+struct ImageInstance {
+    steps: Steps,
+    /// The image output and its datatype; the letterbox output, if any.
+    output: (String, DataType),
+    mapping: Option<String>,
+    one_per_row: bool,
+}
+
+fn preset(name: &str) -> Steps {
+    let base = Steps {
+        base64: false,
+        color: Color::Rgb,
+        resize: Resize::None,
+        size: (0, 0),
+        filter: Filter::Bilinear,
+        antialias: true,
+        crop: None,
+        crop_round: false,
+        pad: 114,
+        scale: 1.0 / 255.0,
+        mean: vec![0.0],
+        std: vec![1.0],
+        nchw: true,
+        max_pixels: 50_000_000,
+    };
+    match name {
+        // Hugging Face's CLIPImageProcessor.
+        "clip" => Steps {
+            resize: Resize::Shortest,
+            size: (224, 224),
+            filter: Filter::Bicubic,
+            crop: Some((224, 224)),
+            mean: vec![0.481_454_66, 0.457_827_5, 0.408_210_73],
+            std: vec![0.268_629_54, 0.261_302_6, 0.275_777_1],
+            ..base
+        },
+        // torchvision's Resize(256), CenterCrop(224), Normalize(ImageNet).
+        "imagenet" => Steps {
+            resize: Resize::Shortest,
+            size: (256, 256),
+            crop: Some((224, 224)),
+            crop_round: true,
+            mean: vec![0.485, 0.456, 0.406],
+            std: vec![0.229, 0.224, 0.225],
+            ..base
+        },
+        // Ultralytics' LetterBox(640) with cv2.INTER_LINEAR, then /255.
+        "yolo" => Steps { resize: Resize::Letterbox, size: (640, 640), antialias: false, ..base },
+        _ => base,
+    }
+}
+
+/// `N` (a square) or `W,H`.
+fn dims2(p: &Params<'_>, key: &str) -> Result<Option<(u32, u32)>> {
+    let Some(text) = p.text(key) else { return Ok(None) };
+    let parts: Vec<std::result::Result<u32, _>> = text.split(',').map(|s| s.trim().parse::<u32>()).collect();
+    match parts[..] {
+        [Ok(n)] if (1..=16384).contains(&n) => Ok(Some((n, n))),
+        [Ok(w), Ok(h)] if (1..=16384).contains(&w) && (1..=16384).contains(&h) => Ok(Some((w, h))),
+        _ => Err(p.fail(key, text, "expected N or W,H (pixels, 1 to 16384)")),
+    }
+}
+
+fn channels(p: &Params<'_>, key: &str, default: &[f32], n: usize) -> Result<Vec<f32>> {
+    let Some(text) = p.text(key) else {
+        return Ok(if default.len() == n { default.to_vec() } else { vec![default[0]; n] });
+    };
+    let values: std::result::Result<Vec<f32>, _> = text.split(',').map(|s| s.trim().parse::<f32>()).collect();
+    match values {
+        Ok(v) if v.len() == n || v.len() == 1 => Ok(if v.len() == n { v } else { vec![v[0]; n] }),
+        _ => Err(p.fail(key, text, format!("expected 1 or {n} numbers, comma-separated"))),
+    }
+}
+
+fn steps(p: &Params<'_>) -> Result<Steps> {
+    p.only(KEYS)?;
+    let name =
+        p.choice("preset", "none", &[("none", "none"), ("clip", "clip"), ("imagenet", "imagenet"), ("yolo", "yolo")])?;
+    let d = preset(name);
+    let color = p.choice("color", d.color, &[("rgb", Color::Rgb), ("bgr", Color::Bgr), ("gray", Color::Gray)])?;
+    let n = color.channels();
+    let resize = p.choice(
+        "resize",
+        d.resize,
+        &[
+            ("none", Resize::None),
+            ("exact", Resize::Exact),
+            ("shortest", Resize::Shortest),
+            ("longest", Resize::Longest),
+            ("letterbox", Resize::Letterbox),
+        ],
+    )?;
+    let size = dims2(p, "size")?.unwrap_or(d.size);
+    if resize != Resize::None && size.0 == 0 {
+        return Err(p.fail("resize", p.text("resize").unwrap_or_default(), "it needs 'size'"));
+    }
+    let std = channels(p, "std", &d.std, n)?;
+    if std.contains(&0.0) {
+        return Err(p.fail("std", p.text("std").unwrap_or_default(), "a standard deviation cannot be 0"));
+    }
+    Ok(Steps {
+        base64: p.choice("encoding", false, &[("raw", false), ("base64", true)])?,
+        color,
+        resize,
+        size,
+        filter: p.choice(
+            "filter",
+            d.filter,
+            &[
+                ("nearest", Filter::Nearest),
+                ("bilinear", Filter::Bilinear),
+                ("bicubic", Filter::Bicubic),
+                ("lanczos", Filter::Lanczos),
+            ],
+        )?,
+        antialias: p.flag("antialias", d.antialias)?,
+        crop: dims2(p, "crop")?.or(d.crop),
+        crop_round: p.choice("crop_offset", d.crop_round, &[("floor", false), ("round", true)])?,
+        pad: p.number("pad_value", d.pad, 0..=255)?,
+        scale: p.number("scale", d.scale, f32::MIN..=f32::MAX)?,
+        mean: channels(p, "mean", &d.mean, n)?,
+        std,
+        nchw: p.choice("layout", d.nchw, &[("nchw", true), ("nhwc", false)])?,
+        max_pixels: p.number("max_pixels", d.max_pixels, 1..=1_000_000_000)?,
+    })
+}
+
+impl Backend for ImageBackend {
+    fn name(&self) -> &'static str {
+        "ferry_image"
+    }
+
+    fn model_io(&self, _model_path: &Path) -> Result<ModelIo> {
+        Ok(ModelIo::default())
+    }
+
+    fn load(&self, spec: &InstanceSpec<'_>) -> Result<Box<dyn ModelInstance>> {
+        let c = spec.config;
+        let steps = steps(&Params::new(c))?;
+        let kinds: Vec<(String, Option<DataType>, &Vec<i64>)> =
+            c.output.iter().map(|o| (o.name.clone(), DataType::from_config(o.data_type), &o.dims)).collect();
+        let image = kinds
+            .iter()
+            .find(|(_, t, d)| matches!(t, Some(DataType::Fp32 | DataType::Fp16 | DataType::Uint8)) && d.len() >= 3);
+        let Some((name, Some(t), _)) = image else {
+            return Err(Error::invalid(format!(
+                "model '{}': needs an image output of TYPE_FP32, TYPE_FP16 or TYPE_UINT8 with 3 dims (CHW or HWC)",
+                c.name
+            )));
+        };
+        let mapping = kinds
+            .iter()
+            .find(|(n, t, d)| n != name && *t == Some(DataType::Fp32) && d.last() == Some(&4))
+            .map(|(n, ..)| n.clone());
+        let one_per_row = c.input.first().is_some_and(|i| i.dims.last() == Some(&1));
+        Ok(Box::new(ImageInstance { steps, output: (name.clone(), *t), mapping, one_per_row }))
+    }
+}
+
+impl ImageInstance {
+    /// One image, to its pixels after every step, and the box mapping.
+    fn pixels(&self, encoded: &[u8]) -> std::result::Result<(Pixels, [f32; 4]), String> {
+        let s = &self.steps;
+        let decoded;
+        let bytes = if s.base64 {
+            let text: Vec<u8> = encoded.iter().copied().filter(|b| !b.is_ascii_whitespace()).collect();
+            decoded = base64::engine::general_purpose::STANDARD.decode(text).map_err(|e| format!("not base64: {e}"))?;
+            &decoded[..]
+        } else {
+            encoded
+        };
+        let p = ops::decode(bytes, s.color, s.max_pixels)?;
+        let (w, h) = (p.width, p.height);
+        let (mut p, mut map) = match s.resize {
+            Resize::None => (p, [1.0, 1.0, 0.0, 0.0]),
+            Resize::Letterbox => ops::letterbox(&p, s.size.0, s.size.1, s.pad, s.filter, s.antialias)?,
+            r => {
+                let (nw, nh) = match r {
+                    Resize::Exact => s.size,
+                    _ => ops::side_size(w, h, s.size.0, r == Resize::Longest),
+                };
+                (
+                    ops::resize(&p, nw, nh, s.filter, s.antialias)?,
+                    [nw as f32 / w as f32, nh as f32 / h as f32, 0.0, 0.0],
+                )
+            }
+        };
+        if let Some((cw, ch)) = s.crop {
+            let (cropped, (left, top)) = ops::center_crop(&p, cw, ch, s.crop_round);
+            p = cropped;
+            map[2] -= left as f32;
+            map[3] -= top as f32;
+        }
+        Ok((p, map))
+    }
+
+    /// Pixels to the output tensor's bytes: CHW or HWC; scaled and normalised unless UINT8.
+    fn tensor_bytes(&self, p: &Pixels, out: &mut Vec<u8>) {
+        let s = &self.steps;
+        let (c, hw) = (p.channels, p.width as usize * p.height as usize);
+        let value = |i: usize, ch: usize| (f32::from(p.data[i * c + ch]) * s.scale - s.mean[ch]) / s.std[ch];
+        let order: Box<dyn Iterator<Item = (usize, usize)>> = if s.nchw {
+            Box::new((0..c).flat_map(move |ch| (0..hw).map(move |i| (i, ch))))
+        } else {
+            Box::new((0..hw).flat_map(move |i| (0..c).map(move |ch| (i, ch))))
+        };
+        match self.output.1 {
+            DataType::Uint8 => out.extend(order.map(|(i, ch)| p.data[i * c + ch])),
+            DataType::Fp16 => {
+                order.for_each(|(i, ch)| out.extend_from_slice(&f16::from_f32(value(i, ch)).to_le_bytes()))
+            }
+            _ => order.for_each(|(i, ch)| out.extend_from_slice(&value(i, ch).to_le_bytes())),
+        }
+    }
+
+    fn run(&self, inputs: &[BackendInput<'_>], wanted: &[&str]) -> Result<Vec<Tensor>> {
+        let input = inputs.first().ok_or_else(|| Error::invalid("no image input"))?;
+        if input.datatype != DataType::Bytes {
+            return Err(Error::invalid(format!("input '{}' must be BYTES, got {}", input.name, input.datatype.wire())));
+        }
+        let (mut data, mut maps, mut size) = (Vec::new(), Vec::new(), None);
+        for (k, item) in bytes_elements(input.data).enumerate() {
+            let (p, map) =
+                self.pixels(item?).map_err(|e| Error::invalid(format!("input '{}', image {k}: {e}", input.name)))?;
+            match size {
+                None => size = Some((p.width, p.height, p.channels)),
+                Some(first) if first != (p.width, p.height, p.channels) => {
+                    return Err(Error::invalid(format!(
+                        "input '{}': image {k} comes out {}x{} and image 0 {}x{}; images of one request must come out \
+                         the same size (resize exactly, crop or letterbox)",
+                        input.name, p.width, p.height, first.0, first.1
+                    )));
+                }
+                _ => {}
+            }
+            self.tensor_bytes(&p, &mut data);
+            maps.extend_from_slice(&map);
+        }
+        let (w, h, c) = size.unwrap_or((0, 0, self.steps.color.channels()));
+        let mut lead = input.shape.to_vec();
+        if self.one_per_row && lead.last() == Some(&1) {
+            lead.pop();
+        }
+        let tail = if self.steps.nchw { [c as i64, h as i64, w as i64] } else { [h as i64, w as i64, c as i64] };
+        let (name, t) = &self.output;
+        let mut out = vec![Tensor {
+            name: name.clone(),
+            datatype: *t,
+            shape: lead.iter().chain(&tail).copied().collect(),
+            data: data.into(),
+        }];
+        if let Some(m) = &self.mapping {
+            out.push(f32_tensor(m, lead.iter().copied().chain([4]).collect(), &maps));
+        }
+        out.retain(|t| wanted.contains(&t.name.as_str()));
+        Ok(out)
+    }
+}
+
+impl ModelInstance for ImageInstance {
+    fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
+        self.run(inputs, outputs)
+    }
+
+    fn separate_requests(&self) -> bool {
+        true
+    }
+
+    fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Vec<Tensor>>> {
+        requests.iter().map(|r| self.run(&r.inputs, &r.outputs)).collect()
+    }
+}

@@ -1,0 +1,341 @@
+//! The image steps, each on 8-bit pixels as PIL works: decode (EXIF orientation applied, a pixel
+//! limit checked before any pixel is decoded), colour, resize, centre crop, letterbox, then the
+//! tensor (rescale, normalise, layout, datatype).
+use std::io::Cursor;
+
+use image::{DynamicImage, ImageDecoder, ImageReader, Limits};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Color {
+    Rgb,
+    Bgr,
+    Gray,
+}
+
+impl Color {
+    pub fn channels(self) -> usize {
+        if self == Color::Gray { 1 } else { 3 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Filter {
+    Nearest,
+    Bilinear,
+    Bicubic,
+    Lanczos,
+}
+
+/// 8-bit pixels, `channels` per pixel, row by row.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pixels {
+    pub width: u32,
+    pub height: u32,
+    pub channels: usize,
+    pub data: Vec<u8>,
+}
+
+/// Whether a JPEG's last scan is followed by its end-of-image marker (FF D9 cannot occur inside
+/// entropy-coded data), so a cut-off upload is refused rather than decoded half grey.
+fn jpeg_complete(bytes: &[u8]) -> bool {
+    let last_scan = bytes.windows(2).rposition(|w| w == [0xFF, 0xDA]);
+    last_scan.is_some_and(|at| bytes[at..].windows(2).any(|w| w == [0xFF, 0xD9]))
+}
+
+/// Decodes an encoded image into RGB or gray pixels. `max_pixels` is checked on the header.
+pub fn decode(bytes: &[u8], color: Color, max_pixels: u64) -> Result<Pixels, String> {
+    let reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| format!("cannot read the image: {e}"))?;
+    match reader.format() {
+        None => return Err("not an image in a format ferry decodes (JPEG, PNG, WebP, BMP, GIF)".into()),
+        Some(image::ImageFormat::Jpeg) if !jpeg_complete(bytes) => {
+            return Err("cannot decode the image: the JPEG is truncated (no end of image after its scan)".into());
+        }
+        _ => {}
+    }
+    let mut reader = reader;
+    let mut limits = Limits::default();
+    limits.max_alloc = Some((max_pixels.saturating_mul(8)).max(64 << 20));
+    reader.limits(limits);
+    let mut decoder = reader.into_decoder().map_err(|e| format!("cannot decode the image: {e}"))?;
+    let (w, h) = decoder.dimensions();
+    if u64::from(w) * u64::from(h) > max_pixels {
+        return Err(format!("the image is {w}x{h} pixels, over the limit of {max_pixels} (parameter 'max_pixels')"));
+    }
+    let orientation = decoder.orientation().map_err(|e| format!("cannot read the image's orientation: {e}"))?;
+    let mut img = DynamicImage::from_decoder(decoder).map_err(|e| format!("cannot decode the image: {e}"))?;
+    img.apply_orientation(orientation);
+    let rgb = img.to_rgb8();
+    let (width, height) = rgb.dimensions();
+    let mut data = rgb.into_raw();
+    match color {
+        Color::Rgb => {}
+        Color::Bgr => data.chunks_exact_mut(3).for_each(|p| p.swap(0, 2)),
+        // PIL's "L": ITU-R 601-2 luma, in 16-bit fixed point.
+        Color::Gray => {
+            data = data
+                .chunks_exact(3)
+                .map(|p| {
+                    ((u32::from(p[0]) * 19595 + u32::from(p[1]) * 38470 + u32::from(p[2]) * 7471 + 0x8000) >> 16) as u8
+                })
+                .collect();
+        }
+    }
+    Ok(Pixels { width, height, channels: color.channels(), data })
+}
+
+/// The filter's weight at `x` and how far it reaches (PIL's definitions).
+fn kernel(filter: Filter) -> (fn(f64) -> f64, f64) {
+    fn triangle(x: f64) -> f64 {
+        let x = x.abs();
+        if x < 1.0 { 1.0 - x } else { 0.0 }
+    }
+    fn cubic(x: f64) -> f64 {
+        // a = -0.5, as PIL.
+        let (a, x) = (-0.5, x.abs());
+        if x < 1.0 {
+            ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0
+        } else if x < 2.0 {
+            (((x - 5.0) * x + 8.0) * x - 4.0) * a
+        } else {
+            0.0
+        }
+    }
+    fn sinc(x: f64) -> f64 {
+        if x == 0.0 {
+            1.0
+        } else {
+            let x = x * std::f64::consts::PI;
+            x.sin() / x
+        }
+    }
+    fn lanczos(x: f64) -> f64 {
+        if (-3.0..3.0).contains(&x) { sinc(x) * sinc(x / 3.0) } else { 0.0 }
+    }
+    match filter {
+        Filter::Bicubic => (cubic, 2.0),
+        Filter::Lanczos => (lanczos, 3.0),
+        _ => (triangle, 1.0),
+    }
+}
+
+/// Fixed-point bits of the weights, as PIL's 8-bit resampling.
+const PRECISION: u32 = 22;
+
+/// For each output position: the first input position, and the integer weights. With
+/// `antialias` the filter widens with the downscale factor (PIL); without, it keeps its size
+/// (plain interpolation, as OpenCV's `resize`).
+fn coefficients(input: u32, output: u32, filter: Filter, antialias: bool) -> Vec<(usize, Vec<i32>)> {
+    let (f, support) = kernel(filter);
+    let scale = f64::from(input) / f64::from(output);
+    let filterscale = if antialias { scale.max(1.0) } else { 1.0 };
+    let support = support * filterscale;
+    (0..output)
+        .map(|xx| {
+            let center = (f64::from(xx) + 0.5) * scale;
+            let xmin = ((center - support + 0.5) as i64).max(0) as usize;
+            let xmax = ((center + support + 0.5) as i64).min(i64::from(input)) as usize;
+            let weights: Vec<f64> =
+                (xmin..xmax.max(xmin)).map(|x| f((x as f64 - center + 0.5) / filterscale)).collect();
+            let total: f64 = weights.iter().sum();
+            let fixed = weights
+                .iter()
+                .map(|w| {
+                    let w = if total != 0.0 { w / total } else { *w } * f64::from(1u32 << PRECISION);
+                    if w < 0.0 { (w - 0.5) as i32 } else { (w + 0.5) as i32 }
+                })
+                .collect();
+            (xmin, fixed)
+        })
+        .collect()
+}
+
+fn clip8(v: i64) -> u8 {
+    if v >= (1i64 << PRECISION) << 8 {
+        255
+    } else if v <= 0 {
+        0
+    } else {
+        (v >> PRECISION) as u8
+    }
+}
+
+/// One pass along rows (`horizontal`) or columns, rounding to 8 bits as PIL does between passes.
+fn pass(p: &Pixels, size: u32, horizontal: bool, filter: Filter, antialias: bool) -> Pixels {
+    let c = p.channels;
+    let (w, h) = (p.width as usize, p.height as usize);
+    let coeffs = coefficients(if horizontal { p.width } else { p.height }, size, filter, antialias);
+    let (ow, oh) = if horizontal { (size as usize, h) } else { (w, size as usize) };
+    let mut data = vec![0u8; ow * oh * c];
+    for y in 0..oh {
+        for x in 0..ow {
+            let (start, k) = &coeffs[if horizontal { x } else { y }];
+            for ch in 0..c {
+                let mut acc: i64 = 1 << (PRECISION - 1);
+                for (i, weight) in k.iter().enumerate() {
+                    let at = if horizontal { y * w + start + i } else { (start + i) * w + x };
+                    acc += i64::from(p.data[at * c + ch]) * i64::from(*weight);
+                }
+                data[(y * ow + x) * c + ch] = clip8(acc);
+            }
+        }
+    }
+    Pixels { width: ow as u32, height: oh as u32, channels: c, data }
+}
+
+/// Resizes to `width` x `height` as PIL's `Image.resize` does (bit for bit): nearest, or a
+/// separable convolution widened by the downscale factor (antialiasing); without `antialias`
+/// the kernel keeps its size, as OpenCV's `resize` (what YOLO pre-processing uses).
+pub fn resize(p: &Pixels, width: u32, height: u32, filter: Filter, antialias: bool) -> Result<Pixels, String> {
+    let (width, height) = (width.max(1), height.max(1));
+    if (width, height) == (p.width, p.height) {
+        return Ok(p.clone());
+    }
+    if filter == Filter::Nearest {
+        // PIL steps the source position by repeated addition; the same sums pick the same pixels.
+        let positions = |size: u32, have: u32| {
+            let step = f64::from(have) / f64::from(size);
+            let mut at = step * 0.5;
+            (0..size)
+                .map(|_| {
+                    let i = (at as usize).min(have as usize - 1);
+                    at += step;
+                    i
+                })
+                .collect::<Vec<usize>>()
+        };
+        let (xs, ys) = (positions(width, p.width), positions(height, p.height));
+        let c = p.channels;
+        let mut data = Vec::with_capacity(width as usize * height as usize * c);
+        for sy in &ys {
+            for sx in &xs {
+                let at = (sy * p.width as usize + sx) * c;
+                data.extend_from_slice(&p.data[at..at + c]);
+            }
+        }
+        return Ok(Pixels { width, height, channels: c, data });
+    }
+    let across = if width != p.width { pass(p, width, true, filter, antialias) } else { p.clone() };
+    Ok(if height != p.height { pass(&across, height, false, filter, antialias) } else { across })
+}
+
+/// The size that makes the shortest (or longest) side `size`, the other in proportion,
+/// truncated as torchvision and Hugging Face compute it.
+pub fn side_size(w: u32, h: u32, size: u32, longest: bool) -> (u32, u32) {
+    let (short, long) = if w <= h { (w, h) } else { (h, w) };
+    let (pick, other) = if longest { (long, short) } else { (short, long) };
+    let scaled = ((f64::from(size) * f64::from(other) / f64::from(pick.max(1))) as u32).max(1);
+    match (w <= h, longest) {
+        (true, false) | (false, true) => (size, scaled),
+        _ => (scaled, size),
+    }
+}
+
+/// The centre `width` x `height` (padded with zeros where the image is smaller, as
+/// torchvision), and where it starts. `round`: offsets rounded (torchvision) rather than floored
+/// (Hugging Face).
+pub fn center_crop(p: &Pixels, width: u32, height: u32, round: bool) -> (Pixels, (i64, i64)) {
+    let offset = |have: u32, want: u32| -> i64 {
+        let d = f64::from(have) - f64::from(want);
+        if round { (d / 2.0).round_ties_even() as i64 } else { (d / 2.0).floor() as i64 }
+    };
+    let (left, top) = (offset(p.width, width), offset(p.height, height));
+    let c = p.channels;
+    let mut data = vec![0u8; width as usize * height as usize * c];
+    for y in 0..height as i64 {
+        let sy = y + top;
+        if sy < 0 || sy >= i64::from(p.height) {
+            continue;
+        }
+        for x in 0..width as i64 {
+            let sx = x + left;
+            if sx < 0 || sx >= i64::from(p.width) {
+                continue;
+            }
+            let from = (sy as usize * p.width as usize + sx as usize) * c;
+            let to = (y as usize * width as usize + x as usize) * c;
+            data[to..to + c].copy_from_slice(&p.data[from..from + c]);
+        }
+    }
+    (Pixels { width, height, channels: c, data }, (left, top))
+}
+
+/// Ultralytics' letterbox: scaled to fit `width` x `height` keeping the aspect ratio, centred on
+/// `pad` grey. Returns the pixels and `[scale_x, scale_y, pad_x, pad_y]` (x' = x * scale + pad).
+pub fn letterbox(
+    p: &Pixels,
+    width: u32,
+    height: u32,
+    pad: u8,
+    filter: Filter,
+    antialias: bool,
+) -> Result<(Pixels, [f32; 4]), String> {
+    let r = (f64::from(width) / f64::from(p.width)).min(f64::from(height) / f64::from(p.height));
+    let nw = (f64::from(p.width) * r).round_ties_even().max(1.0) as u32;
+    let nh = (f64::from(p.height) * r).round_ties_even().max(1.0) as u32;
+    let scaled = resize(p, nw, nh, filter, antialias)?;
+    let (dw, dh) = (f64::from(width - nw.min(width)) / 2.0, f64::from(height - nh.min(height)) / 2.0);
+    let (left, top) = ((dw - 0.1).round_ties_even() as u32, (dh - 0.1).round_ties_even() as u32);
+    let c = p.channels;
+    let mut data = vec![pad; width as usize * height as usize * c];
+    for y in 0..nh.min(height - top) {
+        let from = (y as usize * nw as usize) * c;
+        let to = ((y + top) as usize * width as usize + left as usize) * c;
+        let n = nw.min(width - left) as usize * c;
+        data[to..to + n].copy_from_slice(&scaled.data[from..from + n]);
+    }
+    let out = Pixels { width, height, channels: c, data };
+    Ok((out, [nw as f32 / p.width as f32, nh as f32 / p.height as f32, left as f32, top as f32]))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pixels(w: u32, h: u32) -> Pixels {
+        Pixels { width: w, height: h, channels: 3, data: (0..w * h * 3).map(|i| (i % 251) as u8).collect() }
+    }
+
+    #[test]
+    fn side_sizes_truncate_as_torchvision() {
+        assert_eq!(side_size(640, 480, 256, false), (341, 256));
+        assert_eq!(side_size(480, 640, 224, false), (224, 298));
+        assert_eq!(side_size(640, 480, 320, true), (320, 240));
+    }
+
+    #[test]
+    fn center_crop_offsets_floor_or_round_and_pad_with_zeros() {
+        let p = pixels(5, 4);
+        let at = |x: usize, y: usize| p.data[(y * 5 + x) * 3..(y * 5 + x) * 3 + 3].to_vec();
+        // (5 - 2) / 2 = 1.5: floored to 1 (Hugging Face), rounded half to even to 2 (torchvision).
+        let (floored, at_floor) = center_crop(&p, 2, 2, false);
+        assert_eq!((floored.data[..3].to_vec(), at_floor), (at(1, 1), (1, 1)));
+        let (rounded, at_round) = center_crop(&p, 2, 2, true);
+        assert_eq!((rounded.data[..3].to_vec(), at_round), (at(2, 1), (2, 1)));
+        let (big, _) = center_crop(&p, 7, 4, false);
+        assert_eq!(&big.data[..3], &[0, 0, 0], "padding where the image is narrower");
+    }
+
+    #[test]
+    fn letterbox_centres_and_reports_the_mapping() {
+        let p = pixels(640, 480);
+        let (out, map) = letterbox(&p, 320, 320, 114, Filter::Bilinear, false).unwrap();
+        assert_eq!((out.width, out.height), (320, 320));
+        assert_eq!(map, [0.5, 0.5, 0.0, 40.0]);
+        assert_eq!(&out.data[..3], &[114, 114, 114], "the band above the image is grey");
+        assert_ne!(&out.data[(40 * 320) * 3..(40 * 320) * 3 + 3], &[114, 114, 114]);
+    }
+
+    #[test]
+    fn decoding_refuses_junk_and_bombs_before_decoding() {
+        assert!(decode(b"definitely not an image", Color::Rgb, 1 << 20).unwrap_err().contains("not an image"));
+        let mut png = Vec::new();
+        image::RgbImage::new(300, 200).write_to(&mut Cursor::new(&mut png), image::ImageFormat::Png).unwrap();
+        let e = decode(&png, Color::Rgb, 50_000).unwrap_err();
+        assert!(e.contains("300x200 pixels, over the limit of 50000"), "{e}");
+        let gray = decode(&png, Color::Gray, 1 << 20).unwrap();
+        assert_eq!((gray.width, gray.height, gray.channels, gray.data.len()), (300, 200, 1, 60_000));
+        assert!(decode(&png[..png.len() / 2], Color::Rgb, 1 << 20).is_err(), "a truncated image");
+    }
+}
