@@ -7,6 +7,12 @@
                  step of the text_classifier pipeline (Python pre-processing, this model, Python
                  post-processing, wired by the text_classifier ensemble)
 
+  color_match_onnx  PIXELS FP32 [3, 32, 32], input_ids / attention_mask INT64 [8] -> IMAGE_LOGITS,
+                 TEXT_LOGITS FP32 [5]: the ONNX step of the color_match pipeline (no Python: ferry_image
+                 and ferry_tokenizer before it, ferry_postprocess after), scoring five colours from an
+                 image's mean colour and from the colour words of a text; also writes the pipeline's
+                 tokenizer.json (needs the `tokenizers` package)
+
 They answer the client examples that ship with tritonclient (simple_http_infer_client.py,
 simple_http_string_infer_client.py and their gRPC twins). The config.pbtxt files are written by hand.
 Usage: python examples/make_examples.py
@@ -55,7 +61,60 @@ def linear(name):
     save(helper.make_graph(nodes, name, [x], [y], initializer=[weights, bias]), name)
 
 
+COLORS = ["red", "green", "blue", "white", "black"]
+PROTOTYPES = [[0.8, 0.15, 0.1], [0.2, 0.6, 0.2], [0.2, 0.4, 0.8], [0.92, 0.92, 0.92], [0.08, 0.08, 0.08]]
+# Words and the colour they say (strongly for colour names, weakly for things of that colour).
+WORDS = {"red": (0, 4.0), "green": (1, 4.0), "blue": (2, 4.0), "white": (3, 4.0), "black": (4, 4.0),
+         "fire": (0, 2.0), "tomato": (0, 2.0), "grass": (1, 2.0), "leaf": (1, 2.0), "sky": (2, 2.0),
+         "ocean": (2, 2.0), "snow": (3, 2.0), "milk": (3, 2.0), "night": (4, 2.0), "coal": (4, 2.0)}
+
+
+def color_match():
+    import numpy as np
+    from onnx import numpy_helper
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+    vocab = {"[PAD]": 0, "[UNK]": 1, **{w: i + 2 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    os.makedirs(os.path.join(HERE, "color_match_text", "1"), exist_ok=True)
+    tok.save(os.path.join(HERE, "color_match_text", "1", "tokenizer.json"))
+    # Image: logits = -10 * squared distance of the mean colour to each prototype (the |mean|^2
+    # term is the same for every colour, so it is left out: 20 mean.p - 10 |p|^2).
+    protos = np.array(PROTOTYPES, dtype=np.float32)
+    table = np.zeros((len(vocab), len(COLORS)), dtype=np.float32)
+    for w, (c, strength) in WORDS.items():
+        table[vocab[w], c] = strength
+    inits = [numpy_helper.from_array((20 * protos.T).astype(np.float32), "P"),
+             numpy_helper.from_array((-10 * (protos ** 2).sum(1)).astype(np.float32), "PB"),
+             numpy_helper.from_array(table, "E"),
+             numpy_helper.from_array(np.array([2], dtype=np.int64), "AX2"),
+             numpy_helper.from_array(np.array([1], dtype=np.int64), "AX1"),
+             numpy_helper.from_array(np.array(1e-9, dtype=np.float32), "EPS")]
+    nodes = [
+        helper.make_node("ReduceMean", ["PIXELS"], ["mean"], axes=[2, 3], keepdims=0),
+        helper.make_node("MatMul", ["mean", "P"], ["dot"]),
+        helper.make_node("Add", ["dot", "PB"], ["IMAGE_LOGITS"]),
+        helper.make_node("Gather", ["E", "input_ids"], ["emb"]),
+        helper.make_node("Cast", ["attention_mask"], ["maskf"], to=TensorProto.FLOAT),
+        helper.make_node("Unsqueeze", ["maskf", "AX2"], ["mask3"]),
+        helper.make_node("Mul", ["emb", "mask3"], ["masked"]),
+        helper.make_node("ReduceSum", ["masked", "AX1"], ["summed"], keepdims=0),
+        helper.make_node("ReduceSum", ["maskf", "AX1"], ["count"], keepdims=1),
+        helper.make_node("Max", ["count", "EPS"], ["safe"]),
+        helper.make_node("Div", ["summed", "safe"], ["TEXT_LOGITS"]),
+    ]
+    io = helper.make_tensor_value_info
+    inputs = [io("PIXELS", TensorProto.FLOAT, ["batch", 3, 32, 32]), io("input_ids", TensorProto.INT64, ["batch", 8]),
+              io("attention_mask", TensorProto.INT64, ["batch", 8])]
+    outputs = [io("IMAGE_LOGITS", TensorProto.FLOAT, ["batch", 5]), io("TEXT_LOGITS", TensorProto.FLOAT, ["batch", 5])]
+    save(helper.make_graph(nodes, "color_match_onnx", inputs, outputs, initializer=inits), "color_match_onnx")
+    with open(os.path.join(HERE, "color_match_label", "labels.txt"), "w") as f:
+        f.write("".join(c + "\n" for c in COLORS))
+
+
 if __name__ == "__main__":
     add_sub("simple", TensorProto.INT32)
     add_sub("simple_string", TensorProto.STRING, cast_through=TensorProto.INT32)
     linear("text_classifier_onnx")
+    color_match()

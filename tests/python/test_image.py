@@ -1,7 +1,7 @@
 """`backend: "ferry_image"` through the real server against references computed here with PIL and
 numpy: the CLIP (Hugging Face) and ImageNet (torchvision) presets, every format (JPEG, PNG, WebP,
 BMP, GIF's first frame), EXIF orientation, each resize filter, gray and BGR, NHWC, FP16 and UINT8
-outputs, base64 input, the YOLO letterbox and its box mapping; and corrupt, truncated and
+outputs, raw and base64 input, the YOLO letterbox and its box mapping; and corrupt, truncated and
 100-megapixel images failing only their own request.
 
 Tolerances (in 8-bit pixel levels, after undoing the normalisation), as measured: on lossless
@@ -69,8 +69,8 @@ def server(tmp_path_factory):
               fp32(3, 150, 200))
     model(repo, "gray_nhwc_fp16", {"resize": "exact", "size": "96", "color": "gray", "layout": "nhwc"},
           '{ name: "PIXELS" data_type: TYPE_FP16 dims: [ 96, 96, 1 ] }')
-    model(repo, "bgr_u8_base64", {"resize": "exact", "size": "64,48", "color": "bgr", "layout": "nhwc",
-                                  "encoding": "base64"}, '{ name: "PIXELS" data_type: TYPE_UINT8 dims: [ 48, 64, 3 ] }')
+    model(repo, "bgr_u8", {"resize": "exact", "size": "64,48", "color": "bgr", "layout": "nhwc"},
+          '{ name: "PIXELS" data_type: TYPE_UINT8 dims: [ 48, 64, 3 ] }')
     with Server(["--model-repository", repo]) as s:
         yield s
 
@@ -157,16 +157,17 @@ def test_exif_orientation_is_applied(server):
     assert np.abs(got - want).mean() < 1.0
 
 
-def test_gray_nhwc_fp16_and_bgr_uint8_from_base64(server):
+def test_gray_nhwc_fp16_and_bgr_uint8_raw_or_base64(server):
     img = photo()
     [got] = infer(server, "gray_nhwc_fp16", encoded(img, "PNG"))
     want = np.asarray(img.convert("L").resize((96, 96), Image.BILINEAR), dtype=np.float32)[..., None] / 255.0
     assert got.dtype == np.float16 and got.shape == (96, 96, 1)
     assert np.abs(got.astype(np.float32) - want).max() * 255 <= 0.5, "FP16 rounding only"
-    [got] = infer(server, "bgr_u8_base64", base64.b64encode(encoded(img, "PNG")))
     want = np.asarray(img.resize((64, 48), Image.BILINEAR))[..., ::-1]
-    assert got.dtype == np.uint8 and got.shape == (48, 64, 3)
-    assert (got == want).all()
+    for data in (encoded(img, "PNG"), base64.b64encode(encoded(img, "PNG"))):
+        [got] = infer(server, "bgr_u8", data)
+        assert got.dtype == np.uint8 and got.shape == (48, 64, 3)
+        assert (got == want).all()
 
 
 def test_yolo_letterbox_and_its_mapping(server):

@@ -1,6 +1,7 @@
 """Prometheus metrics with Triton's names, types and labels, ferry's autoscaling gauges, and the
 CloudWatch embedded-metric lines: scraped before and after traffic."""
 import json
+import os
 import re
 import urllib.error
 import urllib.request
@@ -158,4 +159,5 @@ def test_cloudwatch_embedded_metric_lines():
         line = next(l for l in s.log().splitlines() if l.startswith('{"_aws"'))
         doc = json.loads(line)
         assert doc["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "ferry"
-        assert doc["model"] in ("simple", "simple_string") and doc["InferenceLoad"] == 0
+        served = {m for m in os.listdir(EXAMPLES) if os.path.isfile(os.path.join(EXAMPLES, m, "config.pbtxt"))}
+        assert doc["model"] in served and doc["InferenceLoad"] == 0

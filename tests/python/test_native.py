@@ -184,3 +184,122 @@ output [ { name: "S" data_type: TYPE_FP32 dims: [ 3 ] } ]
         [entry] = s.client().get_model_repository_index()
         assert entry["state"] == "UNAVAILABLE"
         assert "parameter 'k' is 'three'; expected a number from 1 to 65536" in entry["reason"], entry
+
+
+PY_IMAGE = '''
+import io
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from PIL import Image
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            images = pb_utils.get_input_tensor_by_name(r, "IMAGE").as_numpy().reshape(-1)
+            pixels = [np.asarray(Image.open(io.BytesIO(b)).convert("RGB").resize((32, 32), Image.BILINEAR),
+                                 dtype=np.float32).transpose(2, 0, 1) / 255.0 for b in images]
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("PIXELS", np.stack(pixels))]))
+        return out
+'''
+
+PY_TEXT = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+from tokenizers import Tokenizer
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.tok = Tokenizer.from_file(os.path.join(args["model_repository"], args["model_version"], "tokenizer.json"))
+        self.tok.enable_truncation(8)
+        self.tok.enable_padding(length=8)
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            texts = [t.decode() for t in pb_utils.get_input_tensor_by_name(r, "TEXT").as_numpy().reshape(-1)]
+            enc = self.tok.encode_batch(texts)
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("input_ids", np.array([e.ids for e in enc], dtype=np.int64)),
+                pb_utils.Tensor("attention_mask", np.array([e.attention_mask for e in enc], dtype=np.int64))]))
+        return out
+'''
+
+PY_LABEL = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.labels = open(os.path.join(args["model_repository"], "labels.txt")).read().split()
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "LOGITS").as_numpy()
+            p = np.exp(x - x.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            best = p.argmax(-1)
+            out.append(pb_utils.InferenceResponse([
+                pb_utils.Tensor("LABEL", np.array([[self.labels[i].encode()] for i in best], dtype=np.object_)),
+                pb_utils.Tensor("SCORE", p.max(-1, keepdims=True).astype(np.float32))]))
+        return out
+'''
+
+
+def test_the_no_python_example_agrees_with_the_same_pipeline_in_python_steps(tmp_path):
+    """examples/color_match (ferry_image, ferry_tokenizer, ONNX, ferry_postprocess) against its
+    twin whose three processing steps are Python models doing the same with PIL, the tokenizers
+    library and numpy, around the same ONNX model."""
+    import io
+    import shutil
+
+    from PIL import Image
+
+    from conftest import EXAMPLES, copy_example
+    repo = str(tmp_path)
+    for m in ("color_match", "color_match_image", "color_match_text", "color_match_onnx", "color_match_label"):
+        copy_example(repo, m)
+    twin = {"color_match_image": ("color_match_image_py", PY_IMAGE), "color_match_text": ("color_match_text_py", PY_TEXT),
+            "color_match_label": ("color_match_label_py", PY_LABEL)}
+    for native, (name, code) in twin.items():
+        config = open(os.path.join(EXAMPLES, native, "config.pbtxt")).read()
+        config = config.replace(f'name: "{native}"', f'name: "{name}"')
+        config = "\n".join(line for line in config.splitlines()
+                           if not line.startswith(("backend:", "parameters", "             {")))
+        models.python_model(repo, name, code, 'backend: "python"\n' + config)
+    shutil.copy(os.path.join(EXAMPLES, "color_match_text", "1", "tokenizer.json"),
+                os.path.join(repo, "color_match_text_py", "1", "tokenizer.json"))
+    shutil.copy(os.path.join(EXAMPLES, "color_match_label", "labels.txt"), os.path.join(repo, "color_match_label_py"))
+    ensemble = open(os.path.join(EXAMPLES, "color_match", "config.pbtxt")).read().replace('name: "color_match"',
+                                                                                         'name: "color_match_py"')
+    for native, (name, _) in twin.items():
+        ensemble = ensemble.replace(f'"{native}"', f'"{name}"')
+    models.write(os.path.join(repo, "color_match_py", "config.pbtxt"), ensemble)
+    os.makedirs(os.path.join(repo, "color_match_py", "1"), exist_ok=True)
+
+    rng = np.random.default_rng(2)
+    cases = []
+    for k in range(6):
+        arr = np.clip(rng.normal(rng.uniform(0, 255, 3), 30, (48 + 8 * k, 64, 3)), 0, 255).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(arr).save(buf, "PNG")
+        words = " ".join(rng.choice(["the", "red", "fire", "sky", "ocean", "snow", "milk", "coal", "a", "leaf"], 4))
+        cases.append((buf.getvalue(), words.encode()))
+    with Server(["--model-repository", repo]) as s:
+        for lib, client in ((httpclient, s.client()), (grpcclient, s.grpc_client())):
+            for image, text in cases:
+                ins = [lib.InferInput("IMAGE", [1, 1], "BYTES").set_data_from_numpy(np.array([[image]], dtype=np.object_)),
+                       lib.InferInput("TEXT", [1, 1], "BYTES").set_data_from_numpy(np.array([[text]], dtype=np.object_))]
+                native, python = (client.infer(m, ins) for m in ("color_match", "color_match_py"))
+                for out in ("IMAGE_COLOR", "TEXT_COLOR"):
+                    assert native.as_numpy(out).tolist() == python.as_numpy(out).tolist(), (out, text)
+                for out in ("IMAGE_SCORE", "TEXT_SCORE"):
+                    np.testing.assert_allclose(native.as_numpy(out), python.as_numpy(out), rtol=1e-6)
+        stats = {m["name"]: m for m in s.client().get_inference_statistics()["model_stats"]}
+    assert stats["color_match_image"]["inference_stats"]["success"]["count"] == 2 * len(cases)

@@ -153,7 +153,8 @@ def test_manifest_sizes_and_digests(bucket, tmp_path):
         bucket.put(f"repo/{NAME}/3/_MANIFEST.json", json.dumps(manifest).encode())
         assert s.wait_log("its _MANIFEST.json says", timeout=30), s.log()
         assert served_version(s.client()) == (2, 2)
-        reason = index(s)[(NAME, "2")]["reason"]
+        # The index takes the reason once the failed attempt is recorded (just after the log line).
+        reason = wait_for(lambda: index(s)[(NAME, "2")].get("reason"), "the reason in the index")
         assert "has MD5" in reason and "still serving the previous load" in reason, reason
 
 

@@ -1,4 +1,5 @@
-//! `backend: "ferry_image"`: encoded images (BYTES: raw, or base64 with `encoding: base64`;
+//! `backend: "ferry_image"`: encoded images (BYTES: raw, or base64 text; `encoding` auto (the
+//! default: raw when the bytes start like an image, else base64), raw or base64;
 //! JPEG, PNG, WebP, BMP, GIF's first frame; EXIF orientation applied) to the tensor a vision model
 //! takes. Steps, each a parameter, with `preset` (`clip`, `imagenet`, `yolo`) setting them all:
 //! `color` rgb|bgr|gray; `resize` none|exact|shortest|longest|letterbox with `size` (`N` or
@@ -14,7 +15,7 @@ use std::path::Path;
 use base64::Engine as _;
 use half::f16;
 
-use super::{Params, f32_tensor};
+use super::{Params, f32_tensor, in_order};
 use crate::{
     backend::{Backend, BackendInput, BackendRequest, InstanceSpec, ModelInstance, ModelIo},
     error::{Error, Result},
@@ -53,9 +54,16 @@ enum Resize {
     Letterbox,
 }
 
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Encoding {
+    Auto,
+    Raw,
+    Base64,
+}
+
 #[derive(Debug, Clone)]
 struct Steps {
-    base64: bool,
+    encoding: Encoding,
     color: Color,
     resize: Resize,
     size: (u32, u32),
@@ -81,7 +89,7 @@ struct ImageInstance {
 
 fn preset(name: &str) -> Steps {
     let base = Steps {
-        base64: false,
+        encoding: Encoding::Auto,
         color: Color::Rgb,
         resize: Resize::None,
         size: (0, 0),
@@ -172,7 +180,11 @@ fn steps(p: &Params<'_>) -> Result<Steps> {
         return Err(p.fail("std", p.text("std").unwrap_or_default(), "a standard deviation cannot be 0"));
     }
     Ok(Steps {
-        base64: p.choice("encoding", false, &[("raw", false), ("base64", true)])?,
+        encoding: p.choice(
+            "encoding",
+            d.encoding,
+            &[("auto", Encoding::Auto), ("raw", Encoding::Raw), ("base64", Encoding::Base64)],
+        )?,
         color,
         resize,
         size,
@@ -235,9 +247,27 @@ impl ImageInstance {
     fn pixels(&self, encoded: &[u8]) -> std::result::Result<(Pixels, [f32; 4]), String> {
         let s = &self.steps;
         let decoded;
-        let bytes = if s.base64 {
+        let base64 = match s.encoding {
+            Encoding::Base64 => true,
+            Encoding::Raw => false,
+            // JSON clients can only send text: an image that does not start like one is base64.
+            Encoding::Auto => !matches!(
+                image::guess_format(encoded),
+                Ok(image::ImageFormat::Jpeg
+                    | image::ImageFormat::Png
+                    | image::ImageFormat::WebP
+                    | image::ImageFormat::Bmp
+                    | image::ImageFormat::Gif)
+            ),
+        };
+        let bytes = if base64 {
             let text: Vec<u8> = encoded.iter().copied().filter(|b| !b.is_ascii_whitespace()).collect();
-            decoded = base64::engine::general_purpose::STANDARD.decode(text).map_err(|e| format!("not base64: {e}"))?;
+            decoded = base64::engine::general_purpose::STANDARD.decode(text).map_err(|e| match s.encoding {
+                Encoding::Auto => {
+                    "not an image in a format ferry decodes (JPEG, PNG, WebP, BMP, GIF), raw or base64".into()
+                }
+                _ => format!("not base64: {e}"),
+            })?;
             &decoded[..]
         } else {
             encoded
@@ -325,8 +355,7 @@ impl ImageInstance {
         if let Some(m) = &self.mapping {
             out.push(f32_tensor(m, lead.iter().copied().chain([4]).collect(), &maps));
         }
-        out.retain(|t| wanted.contains(&t.name.as_str()));
-        Ok(out)
+        in_order(out, wanted)
     }
 }
 

@@ -110,6 +110,19 @@ pub fn as_f32(input: &BackendInput<'_>) -> Result<Vec<f32>> {
     })
 }
 
+/// The tensors `wanted` names, in that order (what `ModelInstance::execute` returns).
+pub fn in_order(mut made: Vec<Tensor>, wanted: &[&str]) -> Result<Vec<Tensor>> {
+    wanted
+        .iter()
+        .map(|name| {
+            let at = made.iter().position(|t| t.name == *name).ok_or_else(|| {
+                Error::invalid(format!("output '{name}' is not one this step makes from its inputs and parameters"))
+            })?;
+            Ok(made.swap_remove(at))
+        })
+        .collect()
+}
+
 pub fn f32_tensor(name: &str, shape: Vec<i64>, values: &[f32]) -> Tensor {
     let mut data = Vec::with_capacity(values.len() * 4);
     for v in values {

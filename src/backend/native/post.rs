@@ -11,7 +11,7 @@
 //! - `yolo`: see `yolo.rs`.
 use std::{path::Path, sync::Arc};
 
-use super::{Params, as_f32, bytes_tensor, f32_tensor, floats, int_tensor};
+use super::{Params, as_f32, bytes_tensor, f32_tensor, floats, in_order, int_tensor};
 use crate::{
     backend::{Backend, BackendInput, BackendRequest, InstanceSpec, ModelInstance, ModelIo},
     error::{Error, Result},
@@ -233,7 +233,7 @@ fn softmax_axis(values: &mut [f32], shape: &[i64], axis: i64) -> Result<()> {
 impl PostInstance {
     fn run(&self, inputs: &[BackendInput<'_>], wanted: &[&str]) -> Result<Vec<Tensor>> {
         let Some(first) = inputs.first() else { return Err(Error::invalid("no input")) };
-        let mut out: Vec<Tensor> = match &self.op {
+        let out: Vec<Tensor> = match &self.op {
             Op::Activate(kind, axis) => {
                 let mut v = floats(first)?;
                 match kind {
@@ -254,8 +254,7 @@ impl PostInstance {
             }
             Op::Yolo(y) => y.run(inputs, &self.roles.floats, &self.roles.ints)?,
         };
-        out.retain(|t| wanted.contains(&t.name.as_str()));
-        Ok(out)
+        in_order(out, wanted)
     }
 
     fn topk(

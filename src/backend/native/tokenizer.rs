@@ -22,7 +22,7 @@ use tokenizers::{
     },
 };
 
-use super::{Params, bytes_tensor, int_tensor};
+use super::{Params, bytes_tensor, in_order, int_tensor};
 use crate::{
     backend::{Backend, BackendInput, BackendRequest, InstanceSpec, ModelInstance, ModelIo},
     error::{Error, Result},
@@ -214,7 +214,7 @@ impl TokenizerInstance {
         emit(&e.ids, tokenizers::Encoding::get_ids);
         emit(&e.mask, tokenizers::Encoding::get_attention_mask);
         emit(&e.types, tokenizers::Encoding::get_type_ids);
-        Ok(out)
+        in_order(out, wanted)
     }
 
     fn decode(&self, skip: bool, output: &str, inputs: &[BackendInput<'_>]) -> Result<Vec<Tensor>> {
