@@ -28,4 +28,5 @@ pub mod shm;
 pub mod stats;
 pub mod telemetry;
 pub mod tensor;
+pub mod tune;
 pub mod validate;

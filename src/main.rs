@@ -1,11 +1,15 @@
 //! The `ferry` binary: parse the configuration, start logging, run the server until a signal.
 use std::process::ExitCode;
 
-use ferry::{config::Config, server, telemetry};
+use ferry::{
+    config::{Config, Invocation},
+    server, telemetry, tune,
+};
 
 fn main() -> ExitCode {
-    let config = match Config::from_args(std::env::args_os()) {
-        Ok(c) => c,
+    let (config, tuning) = match Invocation::from_args(std::env::args_os()) {
+        Ok(Invocation::Serve(c)) => (*c, None),
+        Ok(Invocation::Tune(c, t)) => (*c, Some(t)),
         Err(e) => e.exit(),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -15,6 +19,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(settings) = tuning {
+        return runtime.block_on(run_tune(config, settings));
+    }
     let code = runtime.block_on(async {
         // Signal handlers first: in a container ferry is PID 1, and a SIGTERM that arrives before
         // a handler exists is dropped (a stop during a long start-up would end in SIGKILL).
@@ -35,6 +42,24 @@ fn main() -> ExitCode {
     // Work that cannot be cancelled (a model session being built) does not hold the exit.
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     code
+}
+
+/// `ferry tune`: warnings and errors only, so the progress bar and the report stay readable.
+async fn run_tune(config: Config, settings: tune::TuneSettings) -> ExitCode {
+    let filter = config.log_filter.clone().unwrap_or_else(|| "warn".to_string());
+    let telemetry = telemetry::init(0, Some(&filter), config.log_format, None);
+    let result = match server::Core::new(&config, None, false) {
+        Ok(core) => tune::run(&config, core, settings).await,
+        Err(e) => Err(e),
+    };
+    telemetry.shutdown().await;
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ferry tune: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// SIGTERM (what container platforms send before they stop a container) or Ctrl-C. The handlers

@@ -128,6 +128,91 @@ fn spawn_metrics_tasks(metrics: &Arc<Metrics>, emf_secs: u64, stop: watch::Recei
     });
 }
 
+/// What serving needs before any listener: backends, the registry, the repository and the engine
+/// over them. `ferry serve` puts listeners in front of it; `ferry tune` drives the engine itself.
+pub struct Core {
+    pub engine: Arc<Engine>,
+    pub registry: Arc<Registry>,
+    pub repository: Arc<ModelRepository>,
+    pub backends: Backends,
+    pub cache: Option<Arc<ResponseCache>>,
+    pub admission: Arc<Admission>,
+    /// The folders served (local paths or storage URLs).
+    pub roots: Vec<String>,
+    /// Keeps the embedded examples' temporary folder alive.
+    _extracted: Option<tempfile::TempDir>,
+}
+
+impl Core {
+    /// Builds everything but the listeners; errors are start-up failures worded for the operator.
+    pub fn new(config: &Config, log_control: Option<Arc<dyn LogControl>>, traces: bool) -> Result<Core, String> {
+        let (roots, extracted) = repositories(config)?;
+        let onnx = Arc::new(OnnxBackend::new(config.onnxruntime_library.clone()));
+        // ONNX Runtime is found and loaded once, up front, so a missing library is one clear
+        // start-up error rather than one failure per model.
+        if let Err(e) = onnx.environment() {
+            if config.exit_on_error {
+                return Err(e.to_string());
+            }
+            tracing::error!("{e}; ONNX models will not load");
+        }
+        // Python processes call back into the engine (BLS, model control) once it exists.
+        let host: HostSlot = Arc::default();
+        let python = PythonBackend::new(config.python.clone(), Arc::clone(&host), tokio::runtime::Handle::current());
+        let backends = Backends::new(vec![
+            onnx,
+            Arc::new(python),
+            Arc::new(IdentityBackend),
+            Arc::new(crate::backend::native::image::ImageBackend),
+            Arc::new(crate::backend::native::post::PostBackend),
+            Arc::new(crate::backend::native::tokenizer::TokenizerBackend),
+        ]);
+        let registry = Arc::new(Registry::default());
+        let options = LoadOptions {
+            auto_complete: config.auto_complete,
+            default_max_batch_size: config.default_max_batch_size,
+            cores: config.cores,
+            recent_stats: config.metrics.as_ref().is_some_and(|m| m.summary_latencies),
+            histogram: config
+                .metrics
+                .as_ref()
+                .filter(|m| m.histogram_latencies)
+                .map(|_| FIRST_RESPONSE_BUCKETS.to_vec()),
+            content_digests: config.cache.is_some(),
+        };
+        let loader = Loader::new(backends.clone(), Arc::clone(&registry), options);
+        let sources = Sources::new(&roots, &config.storage.settings, &config.storage.cache_dir)?;
+        let listing_max_age = Duration::from_secs(config.storage.poll_secs);
+        let repository = Arc::new(ModelRepository::new(sources, loader, config.control, listing_max_age));
+        let info = ServerInfo {
+            name: config.server_id.clone(),
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            extensions: EXTENSIONS.iter().map(|s| s.to_string()).collect(),
+        };
+        let cache = match &config.cache {
+            Some(c) => {
+                let cache = ResponseCache::new(c)?;
+                tracing::info!(tiers = %cache.describe(), "response cache on for models with response_cache {{ enable: true }}");
+                Some(cache)
+            }
+            None => None,
+        };
+        let admission = Admission::new(config.network.admission_budget);
+        let services = Services {
+            cache: cache.clone(),
+            repository: Arc::clone(&repository),
+            logging: Logging::new(config.log_verbose, log_control),
+            tracing: Tracing::new(config.trace.clone()),
+            shm: SharedMemory::new(config.allow_client_shm),
+            admission: Arc::clone(&admission),
+        };
+        let engine = Arc::new(Engine::new(services, info, config.strict_readiness, traces));
+        let as_host: Arc<dyn Host> = engine.clone();
+        let _ = host.set(Arc::downgrade(&as_host));
+        Ok(Core { engine, registry, repository, backends, cache, admission, roots, _extracted: extracted })
+    }
+}
+
 /// Runs the server until `shutdown` completes. Errors are start-up failures, already worded for
 /// the operator.
 pub async fn run(
@@ -136,67 +221,11 @@ pub async fn run(
     traces: bool,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
-    let (roots, _extracted) = repositories(&config)?;
-    log_platform(&config, &roots);
-    let onnx = Arc::new(OnnxBackend::new(config.onnxruntime_library.clone()));
-    // ONNX Runtime is found and loaded once, up front, so a missing library is one clear
-    // start-up error rather than one failure per model.
-    if let Err(e) = onnx.environment() {
-        if config.exit_on_error {
-            return Err(e.to_string());
-        }
-        tracing::error!("{e}; ONNX models will not load");
-    }
-    // Python processes call back into the engine (BLS, model control) once it exists.
-    let host: HostSlot = Arc::default();
-    let python = PythonBackend::new(config.python.clone(), Arc::clone(&host), tokio::runtime::Handle::current());
-    let backends = Backends::new(vec![
-        onnx,
-        Arc::new(python),
-        Arc::new(IdentityBackend),
-        Arc::new(crate::backend::native::image::ImageBackend),
-        Arc::new(crate::backend::native::post::PostBackend),
-        Arc::new(crate::backend::native::tokenizer::TokenizerBackend),
-    ]);
-    let registry = Arc::new(Registry::default());
-    let options = LoadOptions {
-        auto_complete: config.auto_complete,
-        default_max_batch_size: config.default_max_batch_size,
-        cores: config.cores,
-        recent_stats: config.metrics.as_ref().is_some_and(|m| m.summary_latencies),
-        histogram: config.metrics.as_ref().filter(|m| m.histogram_latencies).map(|_| FIRST_RESPONSE_BUCKETS.to_vec()),
-        content_digests: config.cache.is_some(),
-    };
-    let loader = Loader::new(backends, Arc::clone(&registry), options);
-    let sources = Sources::new(&roots, &config.storage.settings, &config.storage.cache_dir)?;
-    let listing_max_age = Duration::from_secs(config.storage.poll_secs);
-    let repository = Arc::new(ModelRepository::new(sources, loader, config.control, listing_max_age));
-    let info = ServerInfo {
-        name: config.server_id.clone(),
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        extensions: EXTENSIONS.iter().map(|s| s.to_string()).collect(),
-    };
-    let cache = match &config.cache {
-        Some(c) => {
-            let cache = ResponseCache::new(c)?;
-            tracing::info!(tiers = %cache.describe(), "response cache on for models with response_cache {{ enable: true }}");
-            Some(cache)
-        }
-        None => None,
-    };
-    let admission = Admission::new(config.network.admission_budget);
-    let services = Services {
-        cache: cache.clone(),
-        repository: Arc::clone(&repository),
-        logging: Logging::new(config.log_verbose, log_control),
-        tracing: Tracing::new(config.trace.clone()),
-        shm: SharedMemory::new(config.allow_client_shm),
-        admission: Arc::clone(&admission),
-    };
-    let engine = Arc::new(Engine::new(services, info, config.strict_readiness, traces));
-    let as_host: Arc<dyn Host> = engine.clone();
-    let _ = host.set(Arc::downgrade(&as_host));
-
+    let core = Core::new(&config, log_control, traces)?;
+    log_platform(&config, &core.roots);
+    let Core { engine, registry, repository, cache, admission, .. } = &core;
+    let (engine, registry, repository, cache, admission) =
+        (Arc::clone(engine), Arc::clone(registry), Arc::clone(repository), cache.clone(), Arc::clone(admission));
     // Listen first, load second: health answers (not ready) while models load.
     let (stop_tx, stop_rx) = watch::channel(false);
     let listen = Listen {

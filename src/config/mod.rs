@@ -24,6 +24,7 @@ mod restrict;
 mod storage;
 mod tls;
 mod tracing;
+mod tune;
 
 pub use network::Network;
 pub use platform::{Mode, Platform, SageMakerSettings, VertexSettings};
@@ -48,7 +49,57 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Serve the model repositories (the default command).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Measure one model on this machine over a sweep of instance counts, threads, batch sizes and
+    /// queue delays, and recommend a config.pbtxt (Model Analyzer's job).
+    Tune(Box<tune::TuneArgs>),
+}
+
+/// What the command line asks for.
+#[derive(Debug)]
+pub enum Invocation {
+    Serve(Box<Config>),
+    /// The engine's config (the repository, explicit model control, no listeners) and the run's.
+    Tune(Box<Config>, crate::tune::TuneSettings),
+}
+
+impl Invocation {
+    /// Parses the command line (and the environment). `args` includes the program name.
+    pub fn from_args<I, T>(args: I) -> Result<Invocation, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        let cli = Cli::try_parse_from(args)?;
+        match cli.command {
+            Some(Command::Serve(a)) => Ok(Invocation::Serve(Box::new(Config::resolve(*a)?))),
+            None => Ok(Invocation::Serve(Box::new(Config::resolve(cli.serve)?))),
+            Some(Command::Tune(t)) => {
+                let mut serve: Vec<String> = [
+                    "ferry",
+                    "serve",
+                    "--model-control-mode=explicit",
+                    "--mode=kserve",
+                    "--allow-metrics=false",
+                    "--exit-on-error=true",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                serve.push(format!("--model-repository={}", t.model_repository));
+                if let Some(lib) = &t.onnxruntime_library {
+                    serve.push(format!("--onnxruntime-library={}", lib.display()));
+                }
+                serve.extend(t.backend_config.iter().map(|b| format!("--backend-config={b}")));
+                let config = match Cli::try_parse_from(serve)?.command {
+                    Some(Command::Serve(a)) => Config::resolve(*a)?,
+                    _ => unreachable!("the serve command was given"),
+                };
+                let settings = t.settings(config.cores)?;
+                Ok(Invocation::Tune(Box::new(config), settings))
+            }
+        }
+    }
 }
 
 /// Boolean flags read `--flag`, `--flag=true` or `--flag=false`, like tritonserver's.
@@ -274,11 +325,13 @@ impl Config {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let cli = Cli::try_parse_from(args)?;
-        let a = match cli.command {
-            Some(Command::Serve(a)) => a,
-            None => cli.serve,
-        };
+        match Invocation::from_args(args)? {
+            Invocation::Serve(c) => Ok(*c),
+            Invocation::Tune(..) => Err(invalid("expected the serve command")),
+        }
+    }
+
+    fn resolve(a: ServeArgs) -> Result<Config, clap::Error> {
         let mut default_max_batch_size = 4;
         let mut python = PythonSettings::default();
         for setting in &a.backend_config {

@@ -53,6 +53,20 @@ pub fn to_json(config: &ModelConfig) -> serde_json::Value {
     serde_json::from_slice(&out).expect("JSON written by serde_json parses")
 }
 
+/// config.pbtxt text for a config: one field per line, indented, default values left out, fields in
+/// the proto's order; `parse` reads it back to the same config.
+pub fn to_text(config: &ModelConfig) -> String {
+    let mut msg = DynamicMessage::new(descriptor());
+    msg.transcode_from(config).expect("ModelConfig transcodes to its own descriptor");
+    let options = prost_reflect::text_format::FormatOptions::new()
+        .pretty(true)
+        .skip_default_fields(true)
+        .print_message_fields_in_index_order(true);
+    let mut text = msg.to_text_format_with_options(&options);
+    text.push('\n');
+    text
+}
+
 /// Inserts `:` between a field name and a `[` that opens its list, skipping strings and comments.
 /// Returns the new text and the (new-text) offsets where colons were inserted.
 fn insert_list_colons(text: &str) -> (String, Vec<usize>) {
@@ -268,5 +282,21 @@ parameters { key: "intra_op_thread_count" value: { string_value: "2" } }
                 .unwrap();
         assert_eq!(cfg.max_batch_size, 4);
         assert_eq!(cfg.input[0].dims, vec![3]);
+    }
+
+    #[test]
+    fn text_written_parses_back_to_the_same_config() {
+        let cfg = parse(
+            r#"name: "m" backend: "onnxruntime" max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 3, -1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 500 }
+parameters { key: "intra_op_thread_count" value: { string_value: "1" } }"#,
+        )
+        .unwrap();
+        let text = to_text(&cfg);
+        assert!(text.contains("max_queue_delay_microseconds: 500"), "{text}");
+        assert_eq!(parse(&text).unwrap(), cfg);
     }
 }
