@@ -70,7 +70,9 @@ impl TuneArgs {
                     shapes.insert(name, dims);
                 }
                 _ => {
-                    return Err(invalid(format!("--shape {s}: expected NAME:D1,D2,... (for example INPUT0:3,224,224)")));
+                    return Err(invalid(format!(
+                        "--shape {s}: expected NAME:D1,D2,... (for example INPUT0:3,224,224)"
+                    )));
                 }
             }
         }

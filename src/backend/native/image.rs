@@ -85,6 +85,10 @@ struct ImageInstance {
     output: (String, DataType),
     mapping: Option<String>,
     one_per_row: bool,
+    /// Each channel's 256 output values (scaled and normalised), computed once.
+    values: Vec<[f32; 256]>,
+    /// Images (or requests) of one batch decoded at once.
+    threads: usize,
 }
 
 fn preset(name: &str) -> Steps {
@@ -238,8 +242,26 @@ impl Backend for ImageBackend {
             .find(|(n, t, d)| n != name && *t == Some(DataType::Fp32) && d.last() == Some(&4))
             .map(|(n, ..)| n.clone());
         let one_per_row = c.input.first().is_some_and(|i| i.dims.last() == Some(&1));
-        Ok(Box::new(ImageInstance { steps, output: (name.clone(), *t), mapping, one_per_row }))
+        // The same arithmetic as per pixel, (v * scale - mean) / std, done once per value.
+        let values = (0..steps.color.channels())
+            .map(|ch| std::array::from_fn(|v| (v as f32 * steps.scale - steps.mean[ch]) / steps.std[ch]))
+            .collect();
+        Ok(Box::new(ImageInstance {
+            steps,
+            output: (name.clone(), *t),
+            mapping,
+            one_per_row,
+            values,
+            threads: spec.intra_op_threads.max(1),
+        }))
     }
+}
+
+/// One image made ready: its tensor bytes, box mapping, and size (width, height, channels).
+struct Prepared {
+    bytes: Vec<u8>,
+    map: [f32; 4],
+    size: (u32, u32, usize),
 }
 
 impl ImageInstance {
@@ -299,44 +321,60 @@ impl ImageInstance {
 
     /// Pixels to the output tensor's bytes: CHW or HWC; scaled and normalised unless UINT8.
     fn tensor_bytes(&self, p: &Pixels, out: &mut Vec<u8>) {
-        let s = &self.steps;
-        let (c, hw) = (p.channels, p.width as usize * p.height as usize);
-        let value = |i: usize, ch: usize| (f32::from(p.data[i * c + ch]) * s.scale - s.mean[ch]) / s.std[ch];
-        let order: Box<dyn Iterator<Item = (usize, usize)>> = if s.nchw {
-            Box::new((0..c).flat_map(move |ch| (0..hw).map(move |i| (i, ch))))
-        } else {
-            Box::new((0..hw).flat_map(move |i| (0..c).map(move |ch| (i, ch))))
+        let c = p.channels;
+        let (size, fp16) = match self.output.1 {
+            DataType::Uint8 => (1, false),
+            DataType::Fp16 => (2, true),
+            _ => (4, false),
         };
-        match self.output.1 {
-            DataType::Uint8 => out.extend(order.map(|(i, ch)| p.data[i * c + ch])),
-            DataType::Fp16 => {
-                order.for_each(|(i, ch)| out.extend_from_slice(&f16::from_f32(value(i, ch)).to_le_bytes()))
+        out.reserve(p.data.len() * size);
+        let mut put = |ch: usize, v: u8| match (size, fp16) {
+            (1, _) => out.push(v),
+            (_, true) => out.extend_from_slice(&f16::from_f32(self.values[ch][v as usize]).to_le_bytes()),
+            _ => out.extend_from_slice(&self.values[ch][v as usize].to_le_bytes()),
+        };
+        if self.steps.nchw {
+            for ch in 0..c {
+                p.data.iter().skip(ch).step_by(c).for_each(|&v| put(ch, v));
             }
-            _ => order.for_each(|(i, ch)| out.extend_from_slice(&value(i, ch).to_le_bytes())),
+        } else {
+            for px in p.data.chunks_exact(c) {
+                px.iter().enumerate().for_each(|(ch, &v)| put(ch, v));
+            }
         }
     }
 
-    fn run(&self, inputs: &[BackendInput<'_>], wanted: &[&str]) -> Result<Vec<Tensor>> {
+    /// One image, to its tensor bytes, box mapping and size.
+    fn one(&self, encoded: &[u8]) -> std::result::Result<Prepared, String> {
+        let (p, map) = self.pixels(encoded)?;
+        let mut bytes = Vec::new();
+        self.tensor_bytes(&p, &mut bytes);
+        Ok(Prepared { bytes, map, size: (p.width, p.height, p.channels) })
+    }
+
+    fn run(&self, inputs: &[BackendInput<'_>], wanted: &[&str], threads: usize) -> Result<Vec<Tensor>> {
         let input = inputs.first().ok_or_else(|| Error::invalid("no image input"))?;
         if input.datatype != DataType::Bytes {
             return Err(Error::invalid(format!("input '{}' must be BYTES, got {}", input.name, input.datatype.wire())));
         }
+        let items = bytes_elements(input.data).collect::<Result<Vec<&[u8]>>>()?;
+        let done = super::par_map(&items, threads, |item| self.one(item));
         let (mut data, mut maps, mut size) = (Vec::new(), Vec::new(), None);
-        for (k, item) in bytes_elements(input.data).enumerate() {
-            let (p, map) =
-                self.pixels(item?).map_err(|e| Error::invalid(format!("input '{}', image {k}: {e}", input.name)))?;
+        for (k, result) in done.into_iter().enumerate() {
+            let Prepared { bytes, map, size: got } =
+                result.map_err(|e| Error::invalid(format!("input '{}', image {k}: {e}", input.name)))?;
             match size {
-                None => size = Some((p.width, p.height, p.channels)),
-                Some(first) if first != (p.width, p.height, p.channels) => {
+                None => size = Some(got),
+                Some(first) if first != got => {
                     return Err(Error::invalid(format!(
                         "input '{}': image {k} comes out {}x{} and image 0 {}x{}; images of one request must come out \
                          the same size (resize exactly, crop or letterbox)",
-                        input.name, p.width, p.height, first.0, first.1
+                        input.name, got.0, got.1, first.0, first.1
                     )));
                 }
                 _ => {}
             }
-            self.tensor_bytes(&p, &mut data);
+            data.extend_from_slice(&bytes);
             maps.extend_from_slice(&map);
         }
         let (w, h, c) = size.unwrap_or((0, 0, self.steps.color.channels()));
@@ -361,7 +399,7 @@ impl ImageInstance {
 
 impl ModelInstance for ImageInstance {
     fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
-        self.run(inputs, outputs)
+        self.run(inputs, outputs, self.threads)
     }
 
     fn separate_requests(&self) -> bool {
@@ -369,6 +407,10 @@ impl ModelInstance for ImageInstance {
     }
 
     fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Vec<Tensor>>> {
-        requests.iter().map(|r| self.run(&r.inputs, &r.outputs)).collect()
+        // The requests of a batch on the instance's threads; one request spreads its own images.
+        match requests {
+            [one] => vec![self.run(&one.inputs, &one.outputs, self.threads)],
+            _ => super::par_map(requests, self.threads, |r| self.run(&r.inputs, &r.outputs, 1)),
+        }
     }
 }

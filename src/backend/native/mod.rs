@@ -148,6 +148,27 @@ pub fn bytes_tensor<'b>(name: &str, shape: Vec<i64>, items: impl Iterator<Item =
     Tensor { name: name.to_string(), datatype: DataType::Bytes, shape, data: Bytes::from(data) }
 }
 
+/// `f` over `items` on up to `threads` threads (scoped: nothing outlives the call), results in
+/// order. One thread, or one item, runs on the caller's thread.
+pub fn par_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
+    let threads = threads.min(items.len());
+    if threads <= 1 {
+        return items.iter().map(f).collect();
+    }
+    let chunk = items.len().div_ceil(threads);
+    let f = &f;
+    std::thread::scope(|scope| {
+        let mut parts = items.chunks(chunk);
+        let first = parts.next().unwrap_or_default();
+        let handles: Vec<_> = parts.map(|part| scope.spawn(move || part.iter().map(f).collect::<Vec<R>>())).collect();
+        let mut out: Vec<R> = first.iter().map(f).collect();
+        for h in handles {
+            out.extend(h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)));
+        }
+        out
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,5 +206,14 @@ mod tests {
         assert_eq!(as_f32(&m).unwrap(), vec![1.0, 0.0]);
         let e = floats(&m).unwrap_err().to_string();
         assert!(e.contains("input 'mask' must be FP32, got INT64"), "{e}");
+    }
+
+    #[test]
+    fn par_map_keeps_order_on_any_thread_count() {
+        let items: Vec<u32> = (0..37).collect();
+        for threads in [0, 1, 2, 5, 64] {
+            assert_eq!(super::par_map(&items, threads, |x| x * 2), items.iter().map(|x| x * 2).collect::<Vec<_>>());
+        }
+        assert!(super::par_map(&[] as &[u32], 4, |x| *x).is_empty());
     }
 }

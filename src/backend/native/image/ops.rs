@@ -151,33 +151,56 @@ fn coefficients(input: u32, output: u32, filter: Filter, antialias: bool) -> Vec
         .collect()
 }
 
-fn clip8(v: i64) -> u8 {
-    if v >= (1i64 << PRECISION) << 8 {
-        255
-    } else if v <= 0 {
-        0
-    } else {
-        (v >> PRECISION) as u8
-    }
+fn clip8(v: i32) -> u8 {
+    (v >> PRECISION).clamp(0, 255) as u8
 }
 
+/// PIL's rounding term, added before the weighted sum.
+const HALF: i32 = 1 << (PRECISION - 1);
+
 /// One pass along rows (`horizontal`) or columns, rounding to 8 bits as PIL does between passes.
+/// 32-bit sums as PIL's (weights in 22-bit fixed point: 255 x the largest sum of |weights| stays
+/// below 2^31); the vertical pass sums whole rows, which the compiler vectorises.
 fn pass(p: &Pixels, size: u32, horizontal: bool, filter: Filter, antialias: bool) -> Pixels {
     let c = p.channels;
     let (w, h) = (p.width as usize, p.height as usize);
     let coeffs = coefficients(if horizontal { p.width } else { p.height }, size, filter, antialias);
     let (ow, oh) = if horizontal { (size as usize, h) } else { (w, size as usize) };
     let mut data = vec![0u8; ow * oh * c];
-    for y in 0..oh {
-        for x in 0..ow {
-            let (start, k) = &coeffs[if horizontal { x } else { y }];
-            for ch in 0..c {
-                let mut acc: i64 = 1 << (PRECISION - 1);
-                for (i, weight) in k.iter().enumerate() {
-                    let at = if horizontal { y * w + start + i } else { (start + i) * w + x };
-                    acc += i64::from(p.data[at * c + ch]) * i64::from(*weight);
+    if horizontal {
+        for (row, out) in p.data.chunks_exact(w * c).zip(data.chunks_exact_mut(ow * c)) {
+            for ((start, k), px) in coeffs.iter().zip(out.chunks_exact_mut(c)) {
+                let src = &row[start * c..(start + k.len()) * c];
+                if c == 3 {
+                    let (mut r, mut g, mut b) = (HALF, HALF, HALF);
+                    for (s, &weight) in src.chunks_exact(3).zip(k) {
+                        r += i32::from(s[0]) * weight;
+                        g += i32::from(s[1]) * weight;
+                        b += i32::from(s[2]) * weight;
+                    }
+                    px.copy_from_slice(&[clip8(r), clip8(g), clip8(b)]);
+                } else {
+                    for (ch, o) in px.iter_mut().enumerate() {
+                        let acc =
+                            src.chunks_exact(c).zip(k).fold(HALF, |a, (s, &weight)| a + i32::from(s[ch]) * weight);
+                        *o = clip8(acc);
+                    }
                 }
-                data[(y * ow + x) * c + ch] = clip8(acc);
+            }
+        }
+    } else {
+        let stride = w * c;
+        let mut acc = vec![0i32; stride];
+        for ((start, k), out) in coeffs.iter().zip(data.chunks_exact_mut(stride)) {
+            acc.fill(HALF);
+            for (i, &weight) in k.iter().enumerate() {
+                let row = &p.data[(start + i) * stride..(start + i + 1) * stride];
+                for (a, &v) in acc.iter_mut().zip(row) {
+                    *a += i32::from(v) * weight;
+                }
+            }
+            for (o, &a) in out.iter_mut().zip(&acc) {
+                *o = clip8(a);
             }
         }
     }
