@@ -304,10 +304,19 @@ impl ImageInstance {
                     Resize::Exact => s.size,
                     _ => ops::side_size(w, h, s.size.0, r == Resize::Longest),
                 };
-                (
-                    ops::resize(&p, nw, nh, s.filter, s.antialias)?,
-                    [nw as f32 / w as f32, nh as f32 / h as f32, 0.0, 0.0],
-                )
+                let map = [nw as f32 / w as f32, nh as f32 / h as f32, 0.0, 0.0];
+                match s.crop {
+                    // A crop inside the resized image: only its pixels are resampled.
+                    Some((cw, ch)) if cw <= nw && ch <= nh && s.filter != ops::Filter::Nearest => {
+                        let left = ops::crop_offset(nw, cw, s.crop_round);
+                        let top = ops::crop_offset(nh, ch, s.crop_round);
+                        let (x0, y0) = (left as usize, top as usize);
+                        let window = (x0..x0 + cw as usize, y0..y0 + ch as usize);
+                        let p = ops::resize_window(&p, (nw, nh), (s.filter, s.antialias), window)?;
+                        return Ok((p, [map[0], map[1], -(left as f32), -(top as f32)]));
+                    }
+                    _ => (ops::resize(&p, nw, nh, s.filter, s.antialias)?, map),
+                }
             }
         };
         if let Some((cw, ch)) = s.crop {

@@ -1,7 +1,7 @@
 //! The image steps, each on 8-bit pixels as PIL works: decode (EXIF orientation applied, a pixel
 //! limit checked before any pixel is decoded), colour, resize, centre crop, letterbox, then the
 //! tensor (rescale, normalise, layout, datatype).
-use std::io::Cursor;
+use std::{io::Cursor, ops::Range};
 
 use image::{DynamicImage, ImageDecoder, ImageReader, Limits};
 
@@ -66,7 +66,7 @@ pub fn decode(bytes: &[u8], color: Color, max_pixels: u64) -> Result<Pixels, Str
     let orientation = decoder.orientation().map_err(|e| format!("cannot read the image's orientation: {e}"))?;
     let mut img = DynamicImage::from_decoder(decoder).map_err(|e| format!("cannot decode the image: {e}"))?;
     img.apply_orientation(orientation);
-    let rgb = img.to_rgb8();
+    let rgb = img.into_rgb8();
     let (width, height) = rgb.dimensions();
     let mut data = rgb.into_raw();
     match color {
@@ -161,11 +161,14 @@ const HALF: i32 = 1 << (PRECISION - 1);
 /// One pass along rows (`horizontal`) or columns, rounding to 8 bits as PIL does between passes.
 /// 32-bit sums as PIL's (weights in 22-bit fixed point: 255 x the largest sum of |weights| stays
 /// below 2^31); the vertical pass sums whole rows, which the compiler vectorises.
-fn pass(p: &Pixels, size: u32, horizontal: bool, filter: Filter, antialias: bool) -> Pixels {
+/// Only the output positions in `window` are computed (the rest of a crop is never needed).
+fn pass(p: &Pixels, size: u32, horizontal: bool, (filter, antialias): (Filter, bool), window: Range<usize>) -> Pixels {
     let c = p.channels;
     let (w, h) = (p.width as usize, p.height as usize);
-    let coeffs = coefficients(if horizontal { p.width } else { p.height }, size, filter, antialias);
-    let (ow, oh) = if horizontal { (size as usize, h) } else { (w, size as usize) };
+    let mut coeffs = coefficients(if horizontal { p.width } else { p.height }, size, filter, antialias);
+    coeffs.truncate(window.end);
+    coeffs.drain(..window.start.min(coeffs.len()));
+    let (ow, oh) = if horizontal { (coeffs.len(), h) } else { (w, coeffs.len()) };
     let mut data = vec![0u8; ow * oh * c];
     if horizontal {
         for (row, out) in p.data.chunks_exact(w * c).zip(data.chunks_exact_mut(ow * c)) {
@@ -239,8 +242,20 @@ pub fn resize(p: &Pixels, width: u32, height: u32, filter: Filter, antialias: bo
         }
         return Ok(Pixels { width, height, channels: c, data });
     }
-    let across = if width != p.width { pass(p, width, true, filter, antialias) } else { p.clone() };
-    Ok(if height != p.height { pass(&across, height, false, filter, antialias) } else { across })
+    resize_window(p, (width, height), (filter, antialias), (0..width as usize, 0..height as usize))
+}
+
+/// The part `xs` x `ys` of the image `resize` would make (a crop fused with the resize: each
+/// output pixel is computed as `resize` computes it, the others are skipped).
+pub fn resize_window(
+    p: &Pixels,
+    (width, height): (u32, u32),
+    how: (Filter, bool),
+    (xs, ys): (Range<usize>, Range<usize>),
+) -> Result<Pixels, String> {
+    let across =
+        if width != p.width || xs.len() != p.width as usize { pass(p, width, true, how, xs) } else { p.clone() };
+    Ok(if height != p.height || ys.len() != p.height as usize { pass(&across, height, false, how, ys) } else { across })
 }
 
 /// The size that makes the shortest (or longest) side `size`, the other in proportion,
@@ -258,12 +273,14 @@ pub fn side_size(w: u32, h: u32, size: u32, longest: bool) -> (u32, u32) {
 /// The centre `width` x `height` (padded with zeros where the image is smaller, as
 /// torchvision), and where it starts. `round`: offsets rounded (torchvision) rather than floored
 /// (Hugging Face).
+/// Where a centre crop of `want` starts in `have` (torchvision floors, Hugging Face rounds).
+pub fn crop_offset(have: u32, want: u32, round: bool) -> i64 {
+    let d = f64::from(have) - f64::from(want);
+    if round { (d / 2.0).round_ties_even() as i64 } else { (d / 2.0).floor() as i64 }
+}
+
 pub fn center_crop(p: &Pixels, width: u32, height: u32, round: bool) -> (Pixels, (i64, i64)) {
-    let offset = |have: u32, want: u32| -> i64 {
-        let d = f64::from(have) - f64::from(want);
-        if round { (d / 2.0).round_ties_even() as i64 } else { (d / 2.0).floor() as i64 }
-    };
-    let (left, top) = (offset(p.width, width), offset(p.height, height));
+    let (left, top) = (crop_offset(p.width, width, round), crop_offset(p.height, height, round));
     let c = p.channels;
     let mut data = vec![0u8; width as usize * height as usize * c];
     for y in 0..height as i64 {
@@ -360,5 +377,18 @@ mod tests {
         let gray = decode(&png, Color::Gray, 1 << 20).unwrap();
         assert_eq!((gray.width, gray.height, gray.channels, gray.data.len()), (300, 200, 1, 60_000));
         assert!(decode(&png[..png.len() / 2], Color::Rgb, 1 << 20).is_err(), "a truncated image");
+    }
+
+    #[test]
+    fn a_window_of_the_resize_is_the_crop_of_it() {
+        let mut p = pixels(97, 61);
+        p.data.iter_mut().enumerate().for_each(|(i, v)| *v = (i * 7919 % 251) as u8);
+        for filter in [Filter::Bilinear, Filter::Bicubic, Filter::Lanczos] {
+            let full = resize(&p, 50, 32, filter, true).unwrap();
+            let (crop, (left, top)) = center_crop(&full, 24, 20, false);
+            let (x0, y0) = (left as usize, top as usize);
+            let window = resize_window(&p, (50, 32), (filter, true), (x0..x0 + 24, y0..y0 + 20)).unwrap();
+            assert_eq!(window, crop, "{filter:?}");
+        }
     }
 }
