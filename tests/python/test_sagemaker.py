@@ -3,6 +3,7 @@ read-only model folder), walking the checklist of ../shared/spec/sagemaker.md §
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 import pytest
@@ -128,8 +129,16 @@ def test_ping_is_503_while_loading(tmp_path):
     s = sagemaker(folder, wait_ready=False)
     try:
         assert connect_quickly(port(s), within=5)
-        status, _, body = request(port(s), "GET", "/ping", timeout=2)
-        assert status == 503 and "slow" in json.loads(body)["detail"]
+        # Until the listing is read the detail says no model is known yet; then it names the
+        # model loading. Not ready (503) throughout.
+        deadline = time.time() + 20
+        while True:
+            status, _, body = request(port(s), "GET", "/ping", timeout=2)
+            assert status == 503, body
+            if "slow" in json.loads(body)["detail"] or time.time() > deadline:
+                break
+            time.sleep(0.05)
+        assert "slow" in json.loads(body)["detail"], body
         s.wait_ready(120)
         assert request(port(s), "GET", "/ping")[0] == 200
     finally:
