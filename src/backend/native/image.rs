@@ -85,8 +85,9 @@ struct ImageInstance {
     output: (String, DataType),
     mapping: Option<String>,
     one_per_row: bool,
-    /// Each channel's 256 output values (scaled and normalised), computed once.
-    values: Vec<[f32; 256]>,
+    /// Each channel's 256 output elements (scaled and normalised, in the output's datatype and
+    /// byte order), computed once: 256 x the element size bytes per channel.
+    values: Vec<Vec<u8>>,
     /// Images (or requests) of one batch decoded at once.
     threads: usize,
 }
@@ -244,7 +245,18 @@ impl Backend for ImageBackend {
         let one_per_row = c.input.first().is_some_and(|i| i.dims.last() == Some(&1));
         // The same arithmetic as per pixel, (v * scale - mean) / std, done once per value.
         let values = (0..steps.color.channels())
-            .map(|ch| std::array::from_fn(|v| (v as f32 * steps.scale - steps.mean[ch]) / steps.std[ch]))
+            .map(|ch| {
+                (0..256)
+                    .flat_map(|v| {
+                        let x = (v as f32 * steps.scale - steps.mean[ch]) / steps.std[ch];
+                        match *t {
+                            DataType::Uint8 => vec![v as u8],
+                            DataType::Fp16 => f16::from_f32(x).to_le_bytes().to_vec(),
+                            _ => x.to_le_bytes().to_vec(),
+                        }
+                    })
+                    .collect()
+            })
             .collect();
         Ok(Box::new(ImageInstance {
             steps,
@@ -330,25 +342,23 @@ impl ImageInstance {
 
     /// Pixels to the output tensor's bytes: CHW or HWC; scaled and normalised unless UINT8.
     fn tensor_bytes(&self, p: &Pixels, out: &mut Vec<u8>) {
-        let c = p.channels;
-        let (size, fp16) = match self.output.1 {
-            DataType::Uint8 => (1, false),
-            DataType::Fp16 => (2, true),
-            _ => (4, false),
-        };
-        out.reserve(p.data.len() * size);
-        let mut put = |ch: usize, v: u8| match (size, fp16) {
-            (1, _) => out.push(v),
-            (_, true) => out.extend_from_slice(&f16::from_f32(self.values[ch][v as usize]).to_le_bytes()),
-            _ => out.extend_from_slice(&self.values[ch][v as usize].to_le_bytes()),
-        };
+        let (c, n) = (p.channels, p.data.len());
+        let size = self.values[0].len() / 256;
+        let start = out.len();
+        out.resize(start + n * size, 0);
+        let dst = &mut out[start..];
+        let element = |ch: usize, v: u8| &self.values[ch][v as usize * size..(v as usize + 1) * size];
         if self.steps.nchw {
-            for ch in 0..c {
-                p.data.iter().skip(ch).step_by(c).for_each(|&v| put(ch, v));
+            let hw = n / c.max(1);
+            for (i, px) in p.data.chunks_exact(c).enumerate() {
+                for (ch, &v) in px.iter().enumerate() {
+                    let at = (ch * hw + i) * size;
+                    dst[at..at + size].copy_from_slice(element(ch, v));
+                }
             }
         } else {
-            for px in p.data.chunks_exact(c) {
-                px.iter().enumerate().for_each(|(ch, &v)| put(ch, v));
+            for (i, (d, &v)) in dst.chunks_exact_mut(size).zip(&p.data).enumerate() {
+                d.copy_from_slice(element(i % c, v));
             }
         }
     }
