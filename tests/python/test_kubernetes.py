@@ -9,14 +9,13 @@ import time
 import urllib.error
 import urllib.request
 
-import pytest
+import helm_python as helm
+import kubernetes_validate
 import yaml
 
 from buckets import free_port
 from ferry_server import BINARY, ROOT, Server
 
-helm = pytest.importorskip("helm_python")
-kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
 CHART = os.path.join(ROOT, "deploy", "helm", "ferry")
 KSERVE = os.path.join(ROOT, "deploy", "kserve")
