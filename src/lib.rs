@@ -15,6 +15,7 @@ pub mod engine;
 pub mod ensemble;
 pub mod error;
 pub mod frontend;
+pub mod gpu;
 pub mod metrics;
 pub mod model;
 pub mod names;

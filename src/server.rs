@@ -223,6 +223,7 @@ pub async fn run(
 ) -> Result<(), String> {
     let core = Core::new(&config, log_control, traces)?;
     log_platform(&config, &core.roots);
+    crate::gpu::log_visible();
     let Core { engine, registry, repository, cache, admission, .. } = &core;
     let (engine, registry, repository, cache, admission) =
         (Arc::clone(engine), Arc::clone(registry), Arc::clone(repository), cache.clone(), Arc::clone(admission));

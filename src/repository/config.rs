@@ -193,6 +193,13 @@ fn completed(t: &TensorInfo, batching: bool, model: &str) -> Result<Completed, S
 
 /// Fills the defaults Triton writes into the effective config (§5.2, §6.5).
 pub fn normalize(cfg: &mut ModelConfig) {
+    let gpus: Vec<i32> = crate::gpu::visible().list().iter().map(|g| g.index).collect();
+    normalize_with(cfg, &gpus);
+}
+
+/// `normalize` on a machine whose visible GPUs are `gpus`: KIND_AUTO runs ONNX models on every
+/// visible GPU (as Triton), anything else, or any model without a GPU, on the CPU.
+pub fn normalize_with(cfg: &mut ModelConfig, gpus: &[i32]) {
     if cfg.version_policy.as_ref().and_then(|p| p.policy_choice.as_ref()).is_none() {
         cfg.version_policy = Some(ModelVersionPolicy {
             policy_choice: Some(model_version_policy::PolicyChoice::Latest(model_version_policy::Latest {
@@ -223,9 +230,19 @@ pub fn normalize(cfg: &mut ModelConfig) {
         if group.name.is_empty() {
             group.name = format!("{}_{i}", cfg.name);
         }
-        // KIND_AUTO runs on the CPU (GPU instances are asked for with KIND_GPU).
         if group.kind == Kind::Auto as i32 {
-            group.kind = Kind::Cpu as i32;
+            if cfg.backend == "onnxruntime" && !gpus.is_empty() {
+                group.kind = Kind::Gpu as i32;
+                if group.gpus.is_empty() {
+                    group.gpus = gpus.to_vec();
+                }
+                tracing::info!(model = %cfg.name, group = %group.name, gpus = ?group.gpus, "KIND_AUTO: on the GPU");
+            } else {
+                group.kind = Kind::Cpu as i32;
+                if !group.gpus.is_empty() || cfg.backend == "onnxruntime" {
+                    tracing::info!(model = %cfg.name, group = %group.name, "KIND_AUTO: on the CPU (no GPU visible)");
+                }
+            }
         }
         if group.count < 1 {
             group.count = if group.kind == Kind::Cpu as i32 { default_count } else { 1 };

@@ -218,6 +218,8 @@ fn load_version(
     }
     let outputs: Vec<&str> = p.config.output.iter().map(|o| o.name.as_str()).collect();
     let devices = devices(&p.config);
+    let gpus: Vec<i32> = devices.iter().filter_map(|d| if let Device::Gpu(g) = d { Some(*g) } else { None }).collect();
+    crate::gpu::visible().check(&gpus)?;
     let threads = (cores / devices.len().max(1)).max(1);
     let mut instances: Vec<Box<dyn ModelInstance>> = Vec::with_capacity(devices.len());
     let mut scalars = config::Scalars::default();

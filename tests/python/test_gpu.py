@@ -1,7 +1,11 @@
 """GPU instances (KIND_GPU) through ONNX Runtime's CUDA execution provider. On a machine without
-a usable CUDA provider, the load fails with a message that says what is missing (never a silent
-fall back to CPU); the GPU run itself is checked by bench/gpu_check.sh on a GPU machine."""
+a GPU, the load fails with a message that says what is missing (never a silent fall back to CPU),
+and KIND_AUTO runs on the CPU; the GPU run itself is checked by bench/gpu_check.sh on a GPU
+machine."""
+import ctypes
 import os
+
+import pytest
 
 import models
 from conftest import EXAMPLES
@@ -18,14 +22,37 @@ def gpu_model(repo, name="gpu_simple", gpus="[ 0 ]"):
                  config + f"instance_group [ {{ kind: KIND_GPU count: 1 gpus: {gpus} }} ]\n")
 
 
-def test_a_gpu_instance_without_cuda_is_a_clear_load_error(fresh_repo):
+def driver_present():
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+no_gpu = pytest.mark.skipif(driver_present(), reason="this machine has an NVIDIA driver: the GPU path is bench/gpu_check.sh's")
+
+
+@no_gpu
+def test_a_gpu_instance_without_a_gpu_is_a_clear_load_error(fresh_repo):
     gpu_model(fresh_repo)
     s = Server(["--model-repository", fresh_repo], expect_exit=True)
     assert s.wait_exit() == 1
     log = s.log()
     assert "failed to load 'gpu_simple'" in log
-    assert "GPU 0: ONNX Runtime's CUDA execution provider is not usable" in log
-    assert "libonnxruntime_providers_cuda.so" in log
+    assert "GPU 0 is not visible to ferry; GPUs seen: none (the NVIDIA driver's libcuda.so.1 is not" in log
+    assert "no GPU: none (" in log, "the start-up line says why there is no GPU"
+
+
+@no_gpu
+def test_kind_auto_runs_on_the_cpu_without_a_gpu(fresh_repo):
+    models.identity(fresh_repo, "auto_model", "FP32")
+    with open(os.path.join(fresh_repo, "auto_model", "config.pbtxt"), "a") as f:
+        f.write("instance_group [ { kind: KIND_AUTO } ]\n")
+    with Server(["--model-repository", fresh_repo]) as s:
+        config = s.client().get_model_config("auto_model")
+        assert [(g["kind"], g["count"]) for g in config["instance_group"]] == [("KIND_CPU", 2)]
+        assert "KIND_AUTO: on the CPU (no GPU visible)" in s.log()
 
 
 def test_the_other_models_keep_serving(fresh_repo):
@@ -35,4 +62,4 @@ def test_the_other_models_keep_serving(fresh_repo):
         c = s.client()
         assert c.is_model_ready("cpu_model") and not c.is_model_ready("gpu_simple")
         index = {m["name"]: m for m in c.get_model_repository_index()}
-        assert "GPU 1:" in index["gpu_simple"]["reason"]
+        assert "GPU 1 is not visible to ferry; GPUs seen:" in index["gpu_simple"]["reason"]

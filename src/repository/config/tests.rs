@@ -115,7 +115,7 @@ fn user_parts_are_kept() {
 #[test]
 fn normalize_fills_defaults() {
     let mut cfg = ModelConfig { name: "m".into(), backend: "onnxruntime".into(), ..Default::default() };
-    normalize(&mut cfg);
+    normalize_with(&mut cfg, &[]);
     assert_eq!(cfg.instance_group.len(), 1);
     assert_eq!(cfg.instance_group[0].name, "m");
     assert_eq!(cfg.instance_group[0].count, 2);
@@ -124,6 +124,22 @@ fn normalize_fills_defaults() {
         cfg.version_policy.unwrap().policy_choice,
         Some(model_version_policy::PolicyChoice::Latest(model_version_policy::Latest { num_versions: 1 }))
     ));
+}
+
+#[test]
+fn kind_auto_runs_onnx_models_on_every_visible_gpu() {
+    let auto = |backend: &str| ModelConfig { name: "m".into(), backend: backend.into(), ..Default::default() };
+    let mut cfg = auto("onnxruntime");
+    normalize_with(&mut cfg, &[0, 1]);
+    let g = &cfg.instance_group[0];
+    assert_eq!((g.kind, g.gpus.clone(), g.count), (Kind::Gpu as i32, vec![0, 1], 1));
+    // Other backends, and any backend without a GPU, stay on the CPU.
+    let mut cfg = auto("python");
+    normalize_with(&mut cfg, &[0]);
+    assert_eq!(cfg.instance_group[0].kind, Kind::Cpu as i32);
+    let mut cfg = auto("onnxruntime");
+    normalize_with(&mut cfg, &[]);
+    assert_eq!((cfg.instance_group[0].kind, cfg.instance_group[0].count), (Kind::Cpu as i32, 2));
 }
 
 #[test]
