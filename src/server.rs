@@ -147,7 +147,10 @@ impl Core {
     /// Builds everything but the listeners; errors are start-up failures worded for the operator.
     pub fn new(config: &Config, log_control: Option<Arc<dyn LogControl>>, traces: bool) -> Result<Core, String> {
         let (roots, extracted) = repositories(config)?;
-        let onnx = Arc::new(OnnxBackend::new(config.onnxruntime_library.clone()));
+        let onnx = Arc::new(
+            OnnxBackend::new(config.onnxruntime_library.clone())
+                .with_engine_cache(config.storage.cache_dir.join("tensorrt")),
+        );
         // ONNX Runtime is found and loaded once, up front, so a missing library is one clear
         // start-up error rather than one failure per model.
         if let Err(e) = onnx.environment() {

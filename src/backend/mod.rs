@@ -14,6 +14,7 @@ use crate::{
     tensor::{DataType, Tensor},
 };
 
+pub mod accelerators;
 pub mod identity;
 pub mod native;
 pub mod onnx;

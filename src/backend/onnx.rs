@@ -9,7 +9,7 @@ use bytes::Bytes;
 use half::{bf16, f16};
 use ort::{
     environment::Environment,
-    ep::CUDA,
+    ep::{ArbitrarilyConfigurableExecutionProvider, CUDA, OpenVINO, TensorRT},
     session::{
         HasSelectedOutputs, OutputSelector, RunOptions, Session, SessionInputValue,
         builder::{GraphOptimizationLevel, SessionBuilder},
@@ -20,7 +20,11 @@ use ort::{
     },
 };
 
-use super::{Backend, BackendInput, Device, InstanceSpec, ModelInstance, ModelIo, TensorInfo, ort_library};
+use super::{
+    Backend, BackendInput, Device, InstanceSpec, ModelInstance, ModelIo, TensorInfo,
+    accelerators::{self, Plan},
+    ort_library,
+};
 use crate::{
     error::{Error, Result},
     proto::inference::ModelConfig,
@@ -30,6 +34,8 @@ use crate::{
 
 pub struct OnnxBackend {
     library: Option<PathBuf>,
+    /// Where TensorRT engines are cached (per model below it).
+    engine_cache: PathBuf,
     environment: OnceLock<Result<Environment, String>>,
     creating: Mutex<()>,
 }
@@ -37,7 +43,18 @@ pub struct OnnxBackend {
 impl OnnxBackend {
     /// `library`: the configured ONNX Runtime path; None = discover it.
     pub fn new(library: Option<PathBuf>) -> Self {
-        OnnxBackend { library, environment: OnceLock::new(), creating: Mutex::new(()) }
+        OnnxBackend {
+            library,
+            engine_cache: std::env::temp_dir().join("ferry-tensorrt"),
+            environment: OnceLock::new(),
+            creating: Mutex::new(()),
+        }
+    }
+
+    /// TensorRT engines are built once and kept under `dir` (the model cache).
+    pub fn with_engine_cache(mut self, dir: PathBuf) -> Self {
+        self.engine_cache = dir;
+        self
     }
 
     /// Loads the library once; every later call returns the same outcome.
@@ -57,26 +74,81 @@ impl OnnxBackend {
             .map_err(|e| Error::unavailable(e.clone()))
     }
 
-    fn session(&self, path: &Path, config: Option<&ModelConfig>, threads: usize, device: Device) -> Result<Session> {
-        let env = self.environment()?;
+    /// A session for `path`; `plan` (the config's execution providers) for a served instance.
+    fn session(
+        &self,
+        path: &Path,
+        config: Option<&ModelConfig>,
+        threads: usize,
+        device: Device,
+        plan: &Plan,
+    ) -> Result<Session> {
+        // An optional provider (TensorRT, OpenVINO) that cannot start is said and left out; the
+        // session is then built again without it.
+        match self.session_with(path, config, threads, device, plan, true) {
+            Err(Optional(name, e)) if !name.is_empty() => {
+                tracing::warn!(
+                    model = config.map_or("", |c| c.name.as_str()),
+                    "{name} execution provider is not usable here ({e}); running without it"
+                );
+                self.session_with(path, config, threads, device, plan, false).map_err(|Optional(_, e)| e)
+            }
+            other => other.map_err(|Optional(_, e)| e),
+        }
+    }
+
+    fn session_with(
+        &self,
+        path: &Path,
+        config: Option<&ModelConfig>,
+        threads: usize,
+        device: Device,
+        plan: &Plan,
+        optional: bool,
+    ) -> std::result::Result<Session, Optional> {
+        let required = |e: Error| Optional("", e);
+        let env = self.environment().map_err(required)?;
         let ort_err = |e: ort::Error<SessionBuilder>| Error::internal(format!("ONNX Runtime session options: {e}"));
-        let mut builder = Session::builder(env).map_err(|e| Error::internal(e.to_string()))?;
+        let mut builder = Session::builder(env).map_err(|e| required(Error::internal(e.to_string())))?;
+        if let (Device::Gpu(id), Some(options), true) = (device, &plan.tensorrt, optional) {
+            let mut trt = TensorRT::default().with_device_id(id);
+            for (k, v) in options {
+                trt = trt.with_arbitrary_config(k, v);
+            }
+            builder = builder
+                .with_execution_providers([trt.build().error_on_failure()])
+                .map_err(|e| Optional("TensorRT", Error::unavailable(e.to_string())))?;
+        }
+        if let (Device::Cpu, Some(options), true) = (device, &plan.openvino, optional) {
+            let mut ov = OpenVINO::default();
+            for (k, v) in options {
+                ov = ov.with_arbitrary_config(k, v);
+            }
+            builder = builder
+                .with_execution_providers([ov.build().error_on_failure()])
+                .map_err(|e| Optional("OpenVINO", Error::unavailable(e.to_string())))?;
+        }
         if let Device::Gpu(id) = device {
             // The CUDA execution provider, or a clear failure: never a silent fall back to CPU.
-            let cuda = CUDA::default().with_device_id(id).build().error_on_failure();
+            let mut cuda = CUDA::default().with_device_id(id);
+            for (k, v) in &plan.cuda {
+                cuda = cuda.with_arbitrary_config(k, v);
+            }
+            let cuda = cuda.build().error_on_failure();
             builder = builder.with_execution_providers([cuda]).map_err(|e| {
                 let e = e.to_string();
-                Error::unavailable(format!(
+                required(Error::unavailable(format!(
                     "GPU {id}: ONNX Runtime's CUDA execution provider is not usable: {}. A GPU instance needs \
                      onnxruntime-gpu's libonnxruntime_providers_cuda.so beside libonnxruntime, the CUDA runtime \
                      libraries it links (cudart, cublas, cublasLt, curand, cufft, cuDNN) on the library path, and \
                      an NVIDIA driver with that GPU",
                     e.trim_end_matches('.')
-                ))
+                )))
             })?;
         }
         let param = |key: &str| config.and_then(|c| c.parameters.get(key)).map(|p| p.string_value.as_str());
         let intra = param("intra_op_thread_count").and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
+        let ort_err = |e| required(ort_err(e));
         builder = builder.with_intra_threads(intra.unwrap_or(threads)).map_err(ort_err)?;
         let inter = param("inter_op_thread_count").and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
         builder = builder.with_inter_threads(inter.unwrap_or(1)).map_err(ort_err)?;
@@ -98,9 +170,12 @@ impl OnnxBackend {
         builder = builder.with_optimization_level(level).map_err(ort_err)?;
         builder
             .commit_from_file(path)
-            .map_err(|e| Error::invalid(format!("ONNX Runtime cannot load '{}': {e}", path.display())))
+            .map_err(|e| required(Error::invalid(format!("ONNX Runtime cannot load '{}': {e}", path.display()))))
     }
 }
+
+/// A session that failed: the optional provider to blame (empty: none, the error stands).
+struct Optional(&'static str, Error);
 
 impl Backend for OnnxBackend {
     fn name(&self) -> &'static str {
@@ -108,7 +183,7 @@ impl Backend for OnnxBackend {
     }
 
     fn model_io(&self, model_path: &Path) -> Result<ModelIo> {
-        Ok(io_of(&self.session(model_path, None, 1, Device::Cpu)?))
+        Ok(io_of(&self.session(model_path, None, 1, Device::Cpu, &Plan::default())?))
     }
 
     fn load(&self, spec: &InstanceSpec<'_>) -> Result<Box<dyn ModelInstance>> {
@@ -120,7 +195,13 @@ impl Backend for OnnxBackend {
         let _one = self.creating.lock().unwrap_or_else(|p| p.into_inner());
         release_free_heap();
         let before = resident_bytes("self");
-        let session = self.session(spec.model_path, Some(spec.config), spec.intra_op_threads, spec.device)?;
+        let plan = accelerators::plan(spec.config, matches!(spec.device, Device::Gpu(_)), &self.engine_cache);
+        if spec.index == 0 {
+            for warning in &plan.warnings {
+                tracing::warn!(model = %spec.config.name, "{warning}");
+            }
+        }
+        let session = self.session(spec.model_path, Some(spec.config), spec.intra_op_threads, spec.device, &plan)?;
         // What creation parsed and dropped (the file's bytes, folded constants) goes back first.
         release_free_heap();
         let grown = before.zip(resident_bytes("self")).map(|(b, a)| a.saturating_sub(b));

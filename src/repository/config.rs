@@ -239,9 +239,8 @@ pub fn normalize_with(cfg: &mut ModelConfig, gpus: &[i32]) {
                 tracing::info!(model = %cfg.name, group = %group.name, gpus = ?group.gpus, "KIND_AUTO: on the GPU");
             } else {
                 group.kind = Kind::Cpu as i32;
-                if !group.gpus.is_empty() || cfg.backend == "onnxruntime" {
-                    tracing::info!(model = %cfg.name, group = %group.name, "KIND_AUTO: on the CPU (no GPU visible)");
-                }
+                // Said once at start ("no GPU: ...; KIND_AUTO instances run on the CPU").
+                tracing::debug!(model = %cfg.name, group = %group.name, "KIND_AUTO: on the CPU");
             }
         }
         if group.count < 1 {

@@ -52,7 +52,7 @@ def test_kind_auto_runs_on_the_cpu_without_a_gpu(fresh_repo):
     with Server(["--model-repository", fresh_repo]) as s:
         config = s.client().get_model_config("auto_model")
         assert [(g["kind"], g["count"]) for g in config["instance_group"]] == [("KIND_CPU", 2)]
-        assert "KIND_AUTO: on the CPU (no GPU visible)" in s.log()
+        assert "KIND_AUTO instances run on the CPU" in s.log()
 
 
 def test_the_other_models_keep_serving(fresh_repo):
@@ -63,3 +63,26 @@ def test_the_other_models_keep_serving(fresh_repo):
         assert c.is_model_ready("cpu_model") and not c.is_model_ready("gpu_simple")
         index = {m["name"]: m for m in c.get_model_repository_index()}
         assert "GPU 1 is not visible to ferry; GPUs seen:" in index["gpu_simple"]["reason"]
+
+
+def test_accelerator_options_that_cannot_apply_are_named_not_silent(fresh_repo):
+    models.identity(fresh_repo, "accel", "FP32")
+    with open(os.path.join(fresh_repo, "accel", "config.pbtxt"), "a") as f:
+        f.write("""
+instance_group [ { kind: KIND_CPU count: 1 } ]
+parameters [ { key: "gpu_mem_limit" value { string_value: "1073741824" } } ]
+optimization { execution_accelerators {
+  gpu_execution_accelerator [ { name: "tensorrt" parameters { key: "precision_mode" value: "FP16" } } ]
+  cpu_execution_accelerator [ { name: "openvino" } ] } }
+""")
+    with Server(["--model-repository", fresh_repo]) as s:
+        import numpy as np
+        import tritonclient.http as httpclient
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        inp = httpclient.InferInput("INPUT0", [1, 4], "FP32")
+        inp.set_data_from_numpy(x)
+        np.testing.assert_array_equal(s.client().infer("accel", [inp]).as_numpy("OUTPUT0"), x)
+        log = s.log()
+        assert "gpu_execution_accelerator 'tensorrt', parameter 'gpu_mem_limit' apply to KIND_GPU instances only" in log
+        # The CPU build of ONNX Runtime has no OpenVINO provider: said, and the CPU provider runs.
+        assert "OpenVINO execution provider is not usable here" in log
