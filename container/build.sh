@@ -7,7 +7,9 @@
 #                                                        ONNX Runtime library of .venv; with base
 #                                                        images built by container/bases.sh when
 #                                                        the engine cannot pull
-#   add --gpu for the GPU image: onnxruntime-gpu and the CUDA 13 runtime libraries it links, from PyPI
+#   add --gpu for the GPU image: onnxruntime-gpu and the CUDA runtime libraries it links, from PyPI;
+#     --cuda 13 (default: onnxruntime-gpu 1.31.1, NVIDIA driver >= 580) or --cuda 12 (onnxruntime-gpu
+#     1.26.0, the last built for CUDA 12: driver >= 525, what older SageMaker and Vertex hosts run)
 #   add --python for the Python image (container/Dockerfile.python, tag ferry:python by default):
 #                                                        the same on a Python base with numpy
 # Prints the image's size.
@@ -20,9 +22,7 @@ python=false
 profile=release
 binary=""
 gpu=false
-# What the GPU image carries besides ONNX Runtime: the CUDA libraries its CUDA provider links or
-# opens (cuDNN for convolutions, nvrtc for fused kernels).
-cuda_packages="nvidia-cuda-runtime==13.* nvidia-cublas==13.* nvidia-curand==10.* nvidia-cufft==12.* nvidia-cudnn-cu13==9.* nvidia-cuda-nvrtc==13.*"
+cuda=13
 while [ $# -gt 0 ]; do
   case "$1" in
     --tag) tag="$2"; shift 2 ;;
@@ -30,10 +30,20 @@ while [ $# -gt 0 ]; do
     --debug) profile=debug; shift ;;
     --binary) binary="$2"; shift 2 ;;
     --gpu) gpu=true; shift ;;
+    --cuda) cuda="$2"; shift 2 ;;
     --python) python=true; shift ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
+# What the GPU image carries besides ONNX Runtime: the CUDA libraries its CUDA provider links or
+# opens (cuDNN for convolutions, nvrtc for fused kernels), for the CUDA major version asked for.
+case "$cuda" in
+  13) ort_gpu_version=1.31.1
+      cuda_packages="nvidia-cuda-runtime==13.* nvidia-cublas==13.* nvidia-curand==10.* nvidia-cufft==12.* nvidia-cudnn-cu13==9.* nvidia-cuda-nvrtc==13.*" ;;
+  12) ort_gpu_version=1.26.0
+      cuda_packages="nvidia-cuda-runtime-cu12==12.* nvidia-cublas-cu12==12.* nvidia-curand-cu12==10.* nvidia-cufft-cu12==11.* nvidia-cudnn-cu12==9.* nvidia-cuda-nvrtc-cu12==12.*" ;;
+  *) echo "--cuda takes 12 or 13, got '$cuda'" >&2; exit 2 ;;
+esac
 if [ -z "$tag" ]; then
   if $python; then tag="ferry:python"; else tag="ferry:latest"; fi
 fi
@@ -52,10 +62,11 @@ if $from_host; then
   fi
   if [ "$profile" = release ]; then strip container/prebuilt/ferry; fi
   if $gpu; then
+    rm -rf container/.work/wheels
     # shellcheck disable=SC2086 # the package list splits on purpose
     python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
       --platform manylinux_2_27_x86_64 --platform manylinux2014_x86_64 --python-version 3.11 \
-      onnxruntime-gpu $cuda_packages -d container/.work/wheels
+      "onnxruntime-gpu==${ort_gpu_version}" $cuda_packages -d container/.work/wheels
     rm -rf container/.work/unpacked
     for w in container/.work/wheels/*.whl; do python3 -m zipfile -e "$w" container/.work/unpacked; done
     cp -P container/.work/unpacked/onnxruntime/capi/libonnxruntime*.so* container/prebuilt/
@@ -68,7 +79,8 @@ if $from_host; then
   args+=(--build-arg BUILDER=ferry.local/builder:bookworm)
 fi
 if $gpu && ! $from_host; then
-  args+=(--build-arg ONNXRUNTIME_PACKAGE=onnxruntime-gpu --build-arg "CUDA_PACKAGES=${cuda_packages}")
+  args+=(--build-arg ONNXRUNTIME_PACKAGE=onnxruntime-gpu --build-arg "ONNXRUNTIME_VERSION=${ort_gpu_version}"
+         --build-arg "CUDA_PACKAGES=${cuda_packages}")
 fi
 docker build "${args[@]}" -f container/Dockerfile -t "$tag" .
 find container/prebuilt -mindepth 1 ! -name README.md -delete
