@@ -41,8 +41,8 @@ pub fn routes() -> Router<Arc<HttpState>> {
         .route("/v2/cudasharedmemory/status", get(cuda_status_all))
         .route("/v2/cudasharedmemory/region/{region}/status", get(cuda_status))
         .route("/v2/cudasharedmemory/region/{region}/register", post(cuda_register))
-        .route("/v2/cudasharedmemory/unregister", post(ok))
-        .route("/v2/cudasharedmemory/region/{region}/unregister", post(ok))
+        .route("/v2/cudasharedmemory/unregister", post(cuda_unregister_all))
+        .route("/v2/cudasharedmemory/region/{region}/unregister", post(cuda_unregister))
 }
 
 fn reply(result: Result<Value>) -> Response {
@@ -63,10 +63,6 @@ fn object(body: &[u8]) -> Result<Map<String, Value>> {
         Ok(other) => Err(Error::invalid(format!("expected a JSON object as the request body, got {other}"))),
         Err(e) => Err(Error::invalid(format!("failed to parse the request JSON: {e}"))),
     }
-}
-
-async fn ok() -> Response {
-    StatusCode::OK.into_response()
 }
 
 fn index_json(entries: &[IndexEntry]) -> Value {
@@ -313,16 +309,44 @@ async fn shm_unregister(State(s): AppState, Path(region): Path<String>) -> Respo
     reply(s.engine.shm().unregister(Some(&region)).map(|()| Value::Null))
 }
 
-async fn cuda_status_all() -> Response {
-    reply(Ok(json!([])))
+fn cuda_json(name: Option<&str>, s: &HttpState) -> Result<Value> {
+    let regions = s.engine.shm().status_cuda(name)?;
+    Ok(Value::Array(
+        regions.iter().map(|r| json!({"name": r.name, "device_id": r.device_id, "byte_size": r.byte_size})).collect(),
+    ))
 }
 
-async fn cuda_status(Path(region): Path<String>) -> Response {
-    error_response(&Error::not_found(format!("Unable to find cuda shared memory region: '{region}'")))
+async fn cuda_status_all(State(s): AppState) -> Response {
+    reply(cuda_json(None, &s))
 }
 
-async fn cuda_register(Path(region): Path<String>) -> Response {
-    error_response(&Error::invalid(format!(
-        "failed to register CUDA shared memory region: '{region}', GPUs not supported"
-    )))
+async fn cuda_status(State(s): AppState, Path(region): Path<String>) -> Response {
+    reply(cuda_json(Some(&region), &s))
+}
+
+async fn cuda_register(State(s): AppState, Path(region): Path<String>, body: Bytes) -> Response {
+    reply((|| {
+        let o = object(&body)?;
+        let missing = |f: &str| Error::invalid(format!("Shared memory register request has no '{f}' field"));
+        let b64 = o
+            .get("raw_handle")
+            .and_then(|h| h.get("b64"))
+            .and_then(Value::as_str)
+            .ok_or_else(|| missing("raw_handle"))?;
+        let handle = base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .map_err(|e| Error::invalid(format!("raw_handle is not valid base64: {e}")))?;
+        let device_id = o.get("device_id").and_then(Value::as_i64).ok_or_else(|| missing("device_id"))?;
+        let byte_size = o.get("byte_size").and_then(Value::as_u64).ok_or_else(|| missing("byte_size"))?;
+        s.engine.shm().register_cuda(&region, &handle, device_id, byte_size)?;
+        Ok(Value::Null)
+    })())
+}
+
+async fn cuda_unregister_all(State(s): AppState) -> Response {
+    reply(s.engine.shm().unregister_cuda(None).map(|()| Value::Null))
+}
+
+async fn cuda_unregister(State(s): AppState, Path(region): Path<String>) -> Response {
+    reply(s.engine.shm().unregister_cuda(Some(&region)).map(|()| Value::Null))
 }

@@ -86,3 +86,42 @@ optimization { execution_accelerators {
         assert "gpu_execution_accelerator 'tensorrt', parameter 'gpu_mem_limit' apply to KIND_GPU instances only" in log
         # The CPU build of ONNX Runtime has no OpenVINO provider: said, and the CPU provider runs.
         assert "OpenVINO execution provider is not usable here" in log
+
+
+@no_gpu
+def test_cuda_shared_memory_without_a_gpu_is_refused_clearly(fresh_repo):
+    import base64
+    import json
+    import urllib.error
+    import urllib.request
+
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+
+    models.identity(fresh_repo, "m", "FP32")
+    with Server(["--model-repository", fresh_repo, "--allow-client-shm"]) as s:
+        def register(body):
+            req = urllib.request.Request(f"http://{s.url}/v2/cudasharedmemory/region/r/register",
+                                         data=json.dumps(body).encode(), method="POST")
+            try:
+                urllib.request.urlopen(req, timeout=5)
+                return 200, ""
+            except urllib.error.HTTPError as e:
+                return e.code, json.loads(e.read())["error"]
+
+        handle = {"b64": base64.b64encode(bytes(64)).decode()}
+        code, msg = register({"raw_handle": handle, "device_id": 0, "byte_size": 64})
+        assert code == 400 and "failed to register CUDA shared memory region: 'r', GPUs not supported: none (" in msg
+        code, msg = register({"raw_handle": {"b64": base64.b64encode(bytes(10)).decode()}, "device_id": 0, "byte_size": 64})
+        assert code == 400 and "raw_handle must be 64 bytes" in msg and "got 10" in msg
+        code, msg = register({"raw_handle": handle, "byte_size": 64})
+        assert code == 400 and "no 'device_id' field" in msg
+        with pytest.raises(InferenceServerException) as err:
+            s.grpc_client().register_cuda_shared_memory("r", base64.b64encode(bytes(64)), 0, 64)
+        assert err.value.status() == "StatusCode.INVALID_ARGUMENT" and "GPUs not supported" in err.value.message()
+        assert s.client().get_cuda_shared_memory_status() == []
+        with pytest.raises(InferenceServerException, match="Unable to find cuda shared memory region: 'r'"):
+            s.client().get_cuda_shared_memory_status("r")
+        s.client().unregister_cuda_shared_memory()
+        s.grpc_client().unregister_cuda_shared_memory()
+        assert s.client().is_server_live()

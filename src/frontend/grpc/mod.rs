@@ -392,27 +392,34 @@ impl service::GrpcInferenceService for Grpc {
         &self,
         r: Request<pb::CudaSharedMemoryStatusRequest>,
     ) -> Reply<pb::CudaSharedMemoryStatusResponse> {
+        use pb::cuda_shared_memory_status_response::RegionStatus;
         let name = r.into_inner().name;
-        if !name.is_empty() {
-            return Err(status(Error::not_found(format!("Unable to find cuda shared memory region: '{name}'"))));
-        }
-        Ok(Response::new(pb::CudaSharedMemoryStatusResponse::default()))
+        let regions = self.engine.shm().status_cuda((!name.is_empty()).then_some(name.as_str())).map_err(status)?;
+        let regions = regions
+            .into_iter()
+            .map(|s| {
+                let byte_size = s.byte_size;
+                (s.name.clone(), RegionStatus { name: s.name, device_id: s.device_id.max(0) as u64, byte_size })
+            })
+            .collect();
+        Ok(Response::new(pb::CudaSharedMemoryStatusResponse { regions }))
     }
 
     async fn cuda_shared_memory_register(
         &self,
         r: Request<pb::CudaSharedMemoryRegisterRequest>,
     ) -> Reply<pb::CudaSharedMemoryRegisterResponse> {
-        let name = r.into_inner().name;
-        Err(status(Error::invalid(format!(
-            "failed to register CUDA shared memory region: '{name}', GPUs not supported"
-        ))))
+        let r = r.into_inner();
+        self.engine.shm().register_cuda(&r.name, &r.raw_handle, r.device_id, r.byte_size).map_err(status)?;
+        Ok(Response::new(pb::CudaSharedMemoryRegisterResponse {}))
     }
 
     async fn cuda_shared_memory_unregister(
         &self,
-        _: Request<pb::CudaSharedMemoryUnregisterRequest>,
+        r: Request<pb::CudaSharedMemoryUnregisterRequest>,
     ) -> Reply<pb::CudaSharedMemoryUnregisterResponse> {
+        let name = r.into_inner().name;
+        self.engine.shm().unregister_cuda((!name.is_empty()).then_some(name.as_str())).map_err(status)?;
         Ok(Response::new(pb::CudaSharedMemoryUnregisterResponse {}))
     }
 

@@ -1,5 +1,6 @@
-//! System shared memory regions registered by clients (the shared-memory extension): inputs are
-//! read from them and outputs written into them. Behind --allow-client-shm.
+//! Shared memory regions registered by clients (the system and CUDA shared-memory extensions,
+//! one name space): inputs are read from them and outputs written into them. Behind
+//! --allow-client-shm.
 //!
 //! A client owns the object and may shrink it at any moment, which turns any access to a mapping
 //! past the new end into SIGBUS. So nothing is mapped: inputs are copied out with `pread` and
@@ -17,6 +18,24 @@ use std::{
 use bytes::Bytes;
 
 use crate::error::{Error, ErrorKind, Result};
+
+mod cuda;
+use cuda::CudaRegion;
+pub use cuda::HANDLE_BYTES;
+
+/// What a status query reports of a CUDA region.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaStatus {
+    pub name: String,
+    pub device_id: i64,
+    pub byte_size: u64,
+}
+
+/// Where a region's bytes are.
+enum Located {
+    File(Arc<File>, u64),
+    Cuda(Arc<CudaRegion>, u64),
+}
 
 /// What a status query reports of a region.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,17 +57,81 @@ pub const MAX_REGIONS: usize = 1024;
 pub struct SharedMemory {
     allowed: bool,
     regions: Mutex<BTreeMap<String, Region>>,
+    cuda: Mutex<BTreeMap<String, Arc<CudaRegion>>>,
 }
 
 const DISABLED: &str = "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable.";
 
 impl SharedMemory {
     pub fn new(allowed: bool) -> Self {
-        SharedMemory { allowed, regions: Mutex::default() }
+        SharedMemory { allowed, regions: Mutex::default(), cuda: Mutex::default() }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Region>> {
         self.regions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_cuda(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<CudaRegion>>> {
+        self.cuda.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn taken(name: &str) -> Error {
+        Error::new(ErrorKind::AlreadyExists, format!("shared memory region '{name}' already in manager"))
+    }
+
+    /// Registers a CUDA region: the client's IPC handle of `byte_size` bytes on GPU `device_id`.
+    pub fn register_cuda(&self, name: &str, handle: &[u8], device_id: i64, byte_size: u64) -> Result<()> {
+        self.check_allowed()?;
+        if self.lock().contains_key(name) || self.lock_cuda().contains_key(name) {
+            return Err(Self::taken(name));
+        }
+        let region = CudaRegion::open(name, handle, device_id, byte_size)?;
+        let mut cuda = self.lock_cuda();
+        if cuda.contains_key(name) {
+            return Err(Self::taken(name));
+        }
+        if cuda.len() >= MAX_REGIONS {
+            return Err(Error::invalid(format!(
+                "failed to register CUDA shared memory region '{name}': {MAX_REGIONS} regions are registered, the most allowed"
+            )));
+        }
+        cuda.insert(name.to_string(), Arc::new(region));
+        tracing::debug!(region = name, device_id, byte_size, "registered CUDA shared memory");
+        Ok(())
+    }
+
+    /// Unregisters one CUDA region (unknown names are fine), or every one; a region in use is
+    /// closed when its last request ends. Works without --allow-client-shm (nothing can be
+    /// registered then): tools unregister everything when they start.
+    pub fn unregister_cuda(&self, name: Option<&str>) -> Result<()> {
+        let mut cuda = self.lock_cuda();
+        match name {
+            Some(n) => {
+                cuda.remove(n);
+            }
+            None => cuda.clear(),
+        }
+        Ok(())
+    }
+
+    pub fn status_cuda(&self, name: Option<&str>) -> Result<Vec<CudaStatus>> {
+        // Locks are taken system first, then CUDA, everywhere; here one at a time.
+        let found: Vec<CudaStatus> = self
+            .lock_cuda()
+            .iter()
+            .filter(|(k, _)| name.is_none_or(|n| n == k.as_str()))
+            .map(|(k, r)| CudaStatus { name: k.clone(), device_id: r.device_id, byte_size: r.byte_size })
+            .collect();
+        match name {
+            Some(n) if found.is_empty() => Err(if self.lock().contains_key(n) {
+                Error::not_found(format!(
+                    "The region named '{n}' is registered as system shared memory, not CUDA shared memory"
+                ))
+            } else {
+                Error::not_found(format!("Unable to find cuda shared memory region: '{n}'"))
+            }),
+            _ => Ok(found),
+        }
     }
 
     fn check_allowed(&self) -> Result<()> {
@@ -64,11 +147,8 @@ impl SharedMemory {
             return Err(Error::invalid(format!("shared memory key '{key}' uses a reserved prefix")));
         }
         let mut regions = self.lock();
-        if regions.contains_key(name) {
-            return Err(Error::new(
-                ErrorKind::AlreadyExists,
-                format!("shared memory region '{name}' already in manager"),
-            ));
+        if regions.contains_key(name) || self.lock_cuda().contains_key(name) {
+            return Err(Self::taken(name));
         }
         if regions.len() >= MAX_REGIONS {
             return Err(Error::invalid(format!(
@@ -113,33 +193,48 @@ impl SharedMemory {
     pub fn status(&self, name: Option<&str>) -> Result<Vec<RegionStatus>> {
         let regions = self.lock();
         match name {
-            Some(n) => regions
-                .get(n)
-                .map(|r| vec![r.status.clone()])
-                .ok_or_else(|| Error::not_found(format!("Unable to find system shared memory region: '{n}'"))),
+            Some(n) => regions.get(n).map(|r| vec![r.status.clone()]).ok_or_else(|| {
+                if self.lock_cuda().contains_key(n) {
+                    Error::not_found(format!(
+                        "The region named '{n}' is registered as CUDA shared memory, not system shared memory"
+                    ))
+                } else {
+                    Error::not_found(format!("Unable to find system shared memory region: '{n}'"))
+                }
+            }),
             None => Ok(regions.values().map(|r| r.status.clone()).collect()),
         }
     }
 
-    /// The region's descriptor and where `[offset, offset + size)` of it starts in the object.
-    fn locate(&self, name: &str, offset: u64, size: u64) -> Result<(Arc<File>, u64)> {
+    /// The region holding `[offset, offset + size)`, and where that range starts in it.
+    fn locate(&self, name: &str, offset: u64, size: u64) -> Result<Located> {
         self.check_allowed()?;
-        let regions = self.lock();
-        let r = regions
-            .get(name)
-            .ok_or_else(|| Error::not_found(format!("Unable to find shared memory region: '{name}'")))?;
-        if offset >= r.status.byte_size && !(offset == 0 && size == 0) {
-            return Err(Error::invalid(format!("Invalid offset for shared memory region: '{name}'")));
+        let checked = |byte_size: u64| -> Result<()> {
+            if offset >= byte_size && !(offset == 0 && size == 0) {
+                return Err(Error::invalid(format!("Invalid offset for shared memory region: '{name}'")));
+            }
+            if offset.checked_add(size).is_none_or(|end| end > byte_size) {
+                return Err(Error::invalid(format!("Invalid offset + byte size for shared memory region: '{name}'")));
+            }
+            Ok(())
+        };
+        if let Some(r) = self.lock().get(name) {
+            checked(r.status.byte_size)?;
+            return Ok(Located::File(Arc::clone(&r.file), r.status.offset + offset));
         }
-        if offset.checked_add(size).is_none_or(|end| end > r.status.byte_size) {
-            return Err(Error::invalid(format!("Invalid offset + byte size for shared memory region: '{name}'")));
-        }
-        Ok((Arc::clone(&r.file), r.status.offset + offset))
+        let cuda = self.lock_cuda();
+        let r =
+            cuda.get(name).ok_or_else(|| Error::not_found(format!("Unable to find shared memory region: '{name}'")))?;
+        checked(r.byte_size)?;
+        Ok(Located::Cuda(Arc::clone(r), offset))
     }
 
     /// A copy of the bytes of an input held in a region.
     pub fn read(&self, name: &str, offset: u64, size: u64) -> Result<Bytes> {
-        let (file, start) = self.locate(name, offset, size)?;
+        let (file, start) = match self.locate(name, offset, size)? {
+            Located::File(file, start) => (file, start),
+            Located::Cuda(region, start) => return region.read(start, size),
+        };
         let mut data = vec![0u8; size as usize];
         let mut done = 0;
         while done < data.len() {
@@ -161,7 +256,10 @@ impl SharedMemory {
                 data.len()
             )));
         }
-        let (file, start) = self.locate(name, offset, size)?;
+        let (file, start) = match self.locate(name, offset, size)? {
+            Located::File(file, start) => (file, start),
+            Located::Cuda(region, start) => return region.write(start, data),
+        };
         // Writing past a shrunk end would grow the client's object again: refuse instead.
         let now = file.metadata().map(|m| m.len()).unwrap_or(0);
         if now < start + data.len() as u64 {
