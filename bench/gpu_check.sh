@@ -1,18 +1,49 @@
 #!/bin/bash
-# GPU instances on a machine with an NVIDIA GPU: ferry with onnxruntime-gpu's libraries serves a
-# model on KIND_GPU beside the same model on KIND_CPU; the outputs must agree, and the GPU must
-# hold ferry's memory. Prints per-request latencies of both. Writes $OUT/gpu_check.txt.
-#   ORT_GPU_DIR=dir-with-libonnxruntime.so.*-and-providers FERRY_BIN=target/release/ferry bench/gpu_check.sh
-# The CUDA runtime libraries are taken from the Python packages nvidia-* when present.
+# The GPU proof, one script for a machine with an NVIDIA GPU and no network:
+#   1. preflight: the driver (nvidia-smi), Python packages (numpy, onnx, onnxruntime-gpu, tritonclient,
+#      pytest; installed from $WHEELS with --no-index when missing and given), ONNX Runtime's CUDA
+#      provider able to start with the CUDA libraries already there, else with those of the nvidia-*
+#      Python packages or $CUDA_LIBS brought along;
+#   2. a smoke check: the same model on KIND_GPU and KIND_CPU, outputs compared, GPU memory;
+#   3. the GPU tests (tests/python/test_gpu.py, test_gpu_device.py) against this binary;
+#   4. the benchmark (bench/gpu_bench.py): ResNet-50- and BERT-base-shaped models, FP32 and FP16,
+#      c1/16/64 over gRPC beside ONNX Runtime in-process, written to bench/RESULTS.md ("GPU").
+#   FERRY_BIN=target/release/ferry [ORT_GPU_DIR=dir] [WHEELS=dir] [CUDA_LIBS=dir] bench/gpu_check.sh
+# Writes $OUT/gpu_check.txt (and $OUT/RESULTS.md, the updated results file).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT="${OUT:-bench/.work/gpu}"
 mkdir -p "$OUT"
 bin="${FERRY_BIN:-target/release/ferry}"
-ort_dir="${ORT_GPU_DIR:?set ORT_GPU_DIR}"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader || { echo "no NVIDIA driver here"; exit 1; }
+missing="$(python3 -c "
+import importlib.util as u
+print(' '.join(m for m in ('numpy', 'onnx', 'onnxruntime', 'tritonclient', 'pytest', 'grpc') if u.find_spec(m) is None))")"
+if [ -n "$missing" ]; then
+  if [ -n "${WHEELS:-}" ]; then
+    python3 -m pip install -q --no-index --find-links "$WHEELS" numpy onnx onnxruntime-gpu 'tritonclient[all]' pytest || exit 1
+  else
+    echo "missing Python packages: $missing (give WHEELS=dir with their wheels)"; exit 1
+  fi
+fi
+ort_dir="${ORT_GPU_DIR:-$(python3 -c "import onnxruntime, os; print(os.path.join(os.path.dirname(onnxruntime.__file__), 'capi'))")}"
 lib="$(ls "$ort_dir"/libonnxruntime.so.* | head -n 1)"
 cuda_libs="$(python3 -c "import glob, os, nvidia; print(':'.join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(os.path.join(d, '**', 'lib*.so*'), recursive=True)})))" 2>/dev/null)"
-export LD_LIBRARY_PATH="${ort_dir}:${cuda_libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+cuda_ok() {
+  python3 -c "
+import onnxruntime as ort, sys
+s = ort.InferenceSession('examples/simple/1/model.onnx', providers=['CUDAExecutionProvider'])
+sys.exit(0 if 'CUDAExecutionProvider' in s.get_providers() else 1)" 2>/dev/null
+}
+export LD_LIBRARY_PATH="${ort_dir}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if cuda_ok; then
+  echo "ONNX Runtime's CUDA provider starts with the CUDA libraries already on this machine"
+else
+  export LD_LIBRARY_PATH="${CUDA_LIBS:-}:${cuda_libs}:${LD_LIBRARY_PATH}"
+  cuda_ok || { echo "ONNX Runtime's CUDA provider cannot start: bring CUDA_LIBS (cudart, cuBLAS, cuDNN for its CUDA major)"; exit 1; }
+  echo "ONNX Runtime's CUDA provider starts with the libraries brought along"
+fi
+export FERRY_ORT_GPU="$lib"
 repo=/tmp/ferry-gpu-repo
 rm -rf "$repo"
 python3 - "$repo" <<'PY'
@@ -89,5 +120,11 @@ PY
 echo "check exit $?" >> "$OUT/gpu_check.txt"
 kill "$pid"; wait "$pid"
 echo "ferry exit $?" >> "$OUT/gpu_check.txt"
-grep -i "error\|warn\|cuda" "$OUT/gpu_ferry.log" | head -20 >> "$OUT/gpu_check.txt"
+grep -i "error\|warn\|cuda\|GPU visible" "$OUT/gpu_ferry.log" | head -20 >> "$OUT/gpu_check.txt"
+FERRY_BIN="$bin" python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_gpu.py tests/python/test_gpu_device.py \
+  >> "$OUT/gpu_check.txt" 2>&1
+echo "gpu tests exit $?" >> "$OUT/gpu_check.txt"
+FERRY_BIN="$bin" python3 bench/gpu_bench.py >> "$OUT/gpu_check.txt" 2>&1
+echo "gpu bench exit $?" >> "$OUT/gpu_check.txt"
+cp bench/RESULTS.md "$OUT/RESULTS.md"
 cat "$OUT/gpu_check.txt"
