@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import time
+import urllib.request
 import uuid
 
 import pytest
@@ -270,3 +271,36 @@ def test_the_python_image_runs_python_models_with_added_packages_and_env_archive
                 c.stop()
     finally:
         subprocess.run(["docker", "rmi", "-f", derived, PY_IMAGE], capture_output=True)
+
+
+def test_the_helm_charts_pod_runs_in_the_image_as_the_kubelet_would(image, tmp_path):
+    """The Deployment the chart renders, run by Docker as a kubelet runs it: its command line, user
+    65532, read-only root, no capabilities, emptyDirs as tmpfs, the repository on a volume; the
+    probes answer on their paths, and a stop drains within the grace period the chart sets."""
+    import test_kubernetes
+    repo = tmp_path / "models"
+    copy_example(str(repo), "simple")
+    subprocess.run(["chmod", "-R", "a+rX", str(repo)], check=True)
+    objects = test_kubernetes.render({"modelRepository": "/models", "modelControlMode": "poll"})
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    user = pod["securityContext"]["runAsUser"]
+    assert c["securityContext"]["readOnlyRootFilesystem"] and c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    run_args = ["-p", "127.0.0.1::8000", "-p", "127.0.0.1::8002", "--user", f"{user}:{user}", "--read-only",
+                "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "-v", f"{repo}:/models:ro"]
+    for mount in c["volumeMounts"]:
+        run_args += ["--tmpfs", f"{mount['mountPath']}:uid={user},gid={user}"]
+    k = Container(image, run_args, command=c["args"], service="KServe", container_port=8000)
+    try:
+        port = k.ports["KServe"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert request(port, "GET", c[probe]["httpGet"]["path"])[0] == 200, probe
+        status, _, body = request(port, "POST", "/v2/models/simple/infer", kserve_simple([1] * 16, [2] * 16))
+        assert status == 200, body
+        metrics = subprocess.run(["docker", "port", k.name, "8002/tcp"], capture_output=True, text=True).stdout
+        metrics_port = int(metrics.split("\n")[0].rsplit(":", 1)[1])
+        assert b"ferry_inference_load" in urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics").read()
+    finally:
+        grace = pod["terminationGracePeriodSeconds"]
+        took, code = k.stop(grace)
+    assert code == 0 and took < grace, f"stopped with {code} after {took:.1f} s (grace {grace} s)"
