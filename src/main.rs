@@ -9,7 +9,7 @@ use ferry::{
 fn main() -> ExitCode {
     let (config, tuning) = match Invocation::from_args(std::env::args_os()) {
         Ok(Invocation::Serve(c)) => (*c, None),
-        Ok(Invocation::Tune(c, t)) => (*c, Some(t)),
+        Ok(Invocation::Tune(c, t)) => (*c, Some(*t)),
         Err(e) => e.exit(),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

@@ -60,7 +60,7 @@ enum Command {
 pub enum Invocation {
     Serve(Box<Config>),
     /// The engine's config (the repository, explicit model control, no listeners) and the run's.
-    Tune(Box<Config>, crate::tune::TuneSettings),
+    Tune(Box<Config>, Box<crate::tune::TuneSettings>),
 }
 
 impl Invocation {
@@ -96,7 +96,7 @@ impl Invocation {
                     _ => unreachable!("the serve command was given"),
                 };
                 let settings = t.settings(config.cores)?;
-                Ok(Invocation::Tune(Box::new(config), settings))
+                Ok(Invocation::Tune(Box::new(config), Box::new(settings)))
             }
         }
     }

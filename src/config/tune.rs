@@ -34,6 +34,10 @@ pub(super) struct TuneArgs {
     /// (repeatable). Other variable dims are measured at 1.
     #[arg(long)]
     shape: Vec<String>,
+    /// Input values in perf_analyzer's JSON format (`{"data": [{"INPUT0": [...]}]}`; the first
+    /// entry is sent), for models that need real values (token ids, numbers as strings).
+    #[arg(long)]
+    input_data: Option<PathBuf>,
     /// Most instances to try (default: the cores).
     #[arg(long)]
     max_instances: Option<usize>,
@@ -76,6 +80,17 @@ impl TuneArgs {
                 }
             }
         }
+        let input_data = match &self.input_data {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| invalid(format!("--input-data {}: {e}", path.display())))?;
+                Some(
+                    serde_json::from_str::<serde_json::Value>(&text)
+                        .map_err(|e| invalid(format!("--input-data {}: not JSON: {e}", path.display())))?,
+                )
+            }
+            None => None,
+        };
         let mut concurrency = self.concurrency.clone();
         concurrency.sort_unstable();
         concurrency.dedup();
@@ -87,6 +102,7 @@ impl TuneArgs {
             latency_target_ms: self.latency_target_ms,
             concurrency,
             shapes,
+            input_data,
             max_instances: self.max_instances.unwrap_or(cores).max(1),
             target_rps: self.target_rps,
             cores,

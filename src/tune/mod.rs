@@ -44,6 +44,8 @@ pub struct TuneSettings {
     pub concurrency: Vec<usize>,
     /// Shapes for inputs with variable dims (without the batch dim).
     pub shapes: BTreeMap<String, Vec<i64>>,
+    /// Input values in perf_analyzer's JSON format (`--input-data`).
+    pub input_data: Option<serde_json::Value>,
     pub max_instances: usize,
     /// Requests per second the sizing note plans for.
     pub target_rps: Option<f64>,
@@ -99,7 +101,7 @@ pub async fn run(config: &Config, core: Core, settings: TuneSettings) -> Result<
     if base.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
         return Err(format!("model '{name}' is decoupled: ferry tune measures request/response models"));
     }
-    let (req, notes) = request::build(&name, &model.schema, &settings.shapes)?;
+    let (req, notes) = request::build(&name, &model.schema, &settings.shapes, settings.input_data.as_ref())?;
     for note in &notes {
         eprintln!("ferry tune: {note}");
     }
@@ -230,6 +232,11 @@ pub async fn run(config: &Config, core: Core, settings: TuneSettings) -> Result<
         let why = match target {
             Some(t) => format!("no measured point kept p99 within {t} ms without errors"),
             None => "no point was measured without errors".to_string(),
+        };
+        let first = measured.iter().flat_map(|m| &m.samples).find_map(|s| s.error.clone());
+        let why = match first {
+            Some(e) => format!("{why}; the first error: {e} (give real values with --input-data)"),
+            None => why,
         };
         write_report(&settings, started, &measured, &ceiling_points, None)?;
         print!("{out}");

@@ -131,3 +131,18 @@ def test_bad_requests_are_named(tmp_path):
     assert run.returncode != 0 and "[65]" in run.stderr and "[64]" in run.stderr, run.stderr
     run = tune("--model-repository", repo, "--model", "mlp", "--concurrency", "0")
     assert run.returncode != 0 and "--concurrency" in run.stderr, run.stderr
+
+
+def test_models_that_need_real_values_take_input_data(tmp_path):
+    # simple_string adds numbers written as strings: tune's filler text fails every request, and
+    # says so with the model's own error; perf_analyzer's input-data file fixes it.
+    from conftest import EXAMPLES
+    run = tune("--model-repository", EXAMPLES, "--model", "simple_string", "--budget-secs", "4", "--concurrency", "1")
+    assert run.returncode != 0 and "the first error:" in run.stderr and "--input-data" in run.stderr, run.stderr
+    data = tmp_path / "data.json"
+    data.write_text(json.dumps({"data": [{"INPUT0": [str(i) for i in range(16)], "INPUT1": ["1"] * 16}]}))
+    report = tmp_path / "r.json"
+    run = tune("--model-repository", EXAMPLES, "--model", "simple_string", "--budget-secs", "6", "--concurrency", "1",
+               "--input-data", str(data), "--report", str(report))
+    assert run.returncode == 0, run.stderr
+    assert all(s["errors"] == 0 and s["requests"] > 0 for p in json.loads(report.read_text())["points"] for s in p["samples"])
