@@ -89,6 +89,12 @@ pub trait ModelInstance: Send {
         Vec::new()
     }
 
+    /// The time the last `execute` spent copying its inputs to the device (GPU instances), which
+    /// the statistics count as compute_input rather than compute_infer.
+    fn copy_in_time(&self) -> Option<std::time::Duration> {
+        None
+    }
+
     /// Whether batches reach this instance as separate requests (`execute_each`).
     fn separate_requests(&self) -> bool {
         false

@@ -58,6 +58,7 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
     let result = compute.in_scope(|| instance.execute(&inputs, &names).map_err(|e| e.with_origin(Origin::Backend)));
     drop(compute);
     let infer_done = Instant::now();
+    let copied = instance.copy_in_time();
     drop(inputs);
     drop(assembled);
     let outputs = match result.and_then(|outs| check_outputs(ctx, &wanted, outs, rows)) {
@@ -81,7 +82,13 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
         })
         .collect();
     let queued: Vec<_> = replies.iter().map(|(j, _)| start.saturating_duration_since(j.enqueued)).collect();
-    let phases = PhaseTimes { input: input_done - start, infer: infer_done - input_done, output: infer_done.elapsed() };
+    // A GPU instance's copy to the device is input preparation, as Triton counts it.
+    let copy = copied.unwrap_or_default().min(infer_done - input_done);
+    let phases = PhaseTimes {
+        input: input_done - start + copy,
+        infer: infer_done - input_done - copy,
+        output: infer_done.elapsed(),
+    };
     ctx.stats.record_execution(rows as u64, &queued, phases);
     for (job, response) in replies {
         responder.send(job.seq, job.reply, response);

@@ -286,6 +286,10 @@ impl ModelInstance for OnnxInstance {
         self.memory.iter().cloned().collect()
     }
 
+    fn copy_in_time(&self) -> Option<std::time::Duration> {
+        self.staging.as_ref().map(|s| s.copy_in)
+    }
+
     fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
         if let Some(staging) = &mut self.staging
             && Staging::fits(inputs)
@@ -460,6 +464,7 @@ mod tests {
             assert_eq!(got, want, "{rows} rows");
             let sum: &[i32] = bytemuck::cast_slice(&got[1].data);
             assert_eq!(sum[5], a[5] + b[5]);
+            assert!(staged.copy_in_time().is_some() && plain.copy_in_time().is_none());
         }
     }
 }

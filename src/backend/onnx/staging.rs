@@ -22,6 +22,8 @@ pub struct Staging {
     binding: IoBinding,
     host: MemoryInfo<'static>,
     tensors: HashMap<String, DynTensor>,
+    /// How long the last batch's inputs took to reach the device.
+    pub copy_in: std::time::Duration,
 }
 
 fn element(datatype: DataType) -> Option<TensorElementType> {
@@ -62,7 +64,13 @@ impl Staging {
     fn on(session: &Session, device: AllocationDevice<'static>, kind: MemoryType) -> ort::Result<Staging> {
         let allocator = Allocator::new(session, MemoryInfo::new(device, 0, AllocatorType::Device, kind)?)?;
         let host = MemoryInfo::new(AllocationDevice::CPU, 0, AllocatorType::Device, MemoryType::Default)?;
-        Ok(Staging { allocator, binding: session.create_binding()?, host, tensors: HashMap::new() })
+        Ok(Staging {
+            allocator,
+            binding: session.create_binding()?,
+            host,
+            tensors: HashMap::new(),
+            copy_in: std::time::Duration::ZERO,
+        })
     }
 
     /// Whether this batch can go this way (string tensors cannot be staged as bytes).
@@ -72,6 +80,7 @@ impl Staging {
 
     /// Runs one batch: stage and bind the inputs, bind the outputs to host memory, run.
     pub fn run(&mut self, session: &mut Session, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
+        let started = std::time::Instant::now();
         for input in inputs {
             let ty = element(input.datatype).ok_or_else(|| ort("string inputs are not staged"))?;
             let fits = self
@@ -100,6 +109,9 @@ impl Staging {
             }
             self.binding.bind_input(input.name, tensor).map_err(ort)?;
         }
+        // Binding queues the copies; waiting for them here times the copy apart from the run.
+        self.binding.synchronize_inputs().map_err(ort)?;
+        self.copy_in = started.elapsed();
         self.binding.clear_outputs();
         for name in outputs {
             self.binding.bind_output_to_device(*name, &self.host).map_err(ort)?;
