@@ -311,16 +311,21 @@ impl ModelInstance for OnnxInstance {
             .session
             .run_with_options(values, options)
             .map_err(|e| Error::internal(format!("ONNX Runtime failed to run the model: {e}")))?;
-        outputs
-            .iter()
-            .map(|name| {
-                let value = results
-                    .remove(*name)
-                    .ok_or_else(|| Error::internal(format!("ONNX Runtime returned no output '{name}'")))?;
-                output_tensor(name, value)
-            })
-            .collect()
+        take_outputs(&mut results, outputs)
     }
+}
+
+/// The named outputs of a run, as tensors, in the order asked.
+fn take_outputs(results: &mut ort::session::SessionOutputs<'_>, outputs: &[&str]) -> Result<Vec<Tensor>> {
+    outputs
+        .iter()
+        .map(|name| {
+            let value = results
+                .remove(*name)
+                .ok_or_else(|| Error::internal(format!("ONNX Runtime returned no output '{name}'")))?;
+            output_tensor(name, value)
+        })
+        .collect()
 }
 
 fn input_value<'a>(input: &BackendInput<'a>) -> Result<SessionInputValue<'a>> {

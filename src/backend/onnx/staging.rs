@@ -10,7 +10,7 @@ use ort::{
     value::{DynTensor, TensorElementType},
 };
 
-use super::output_tensor;
+use super::take_outputs;
 use crate::{
     backend::BackendInput,
     error::{Error, Result},
@@ -119,14 +119,6 @@ impl Staging {
         let mut results = session
             .run_binding(&self.binding)
             .map_err(|e| Error::internal(format!("ONNX Runtime failed to run the model: {e}")))?;
-        outputs
-            .iter()
-            .map(|name| {
-                let value = results
-                    .remove(*name)
-                    .ok_or_else(|| Error::internal(format!("ONNX Runtime returned no output '{name}'")))?;
-                output_tensor(name, value)
-            })
-            .collect()
+        take_outputs(&mut results, outputs)
     }
 }
