@@ -36,9 +36,12 @@ fn batched(request: &InferRequest, batch: usize) -> Vec<(String, crate::tensor::
         .collect()
 }
 
-/// Measures each batch size for `slice` (after one untimed run). Runs on the calling thread.
+/// Measures each batch size for `slice` (after one untimed run) on `device` (the model's own:
+/// a GPU model's ceiling is on its GPU). Runs on the calling thread.
+#[allow(clippy::too_many_arguments)]
 pub fn measure(
     backend: &dyn Backend,
+    device: Device,
     model_path: &Path,
     config: &ModelConfig,
     request: &InferRequest,
@@ -48,7 +51,7 @@ pub fn measure(
 ) -> Result<Vec<BatchPoint>, String> {
     let mut config = config.clone();
     config.max_batch_size = config.max_batch_size.max(batches.iter().copied().max().unwrap_or(1) as i32);
-    let spec = InstanceSpec { model_path, config: &config, device: Device::Cpu, intra_op_threads: threads, index: 0 };
+    let spec = InstanceSpec { model_path, config: &config, device, intra_op_threads: threads, index: 0 };
     let mut instance = backend.load(&spec).map_err(|e| e.to_string())?;
     let outputs: Vec<&str> = config.output.iter().map(|o| o.name.as_str()).collect();
     let mut points = Vec::new();

@@ -14,6 +14,7 @@ use std::{
 use tokio::{net::TcpListener, sync::watch};
 
 use crate::{
+    backend::Device,
     config::Config,
     frontend::{self, http::HttpState, net},
     proto::inference::model_config::SchedulingChoice,
@@ -113,7 +114,16 @@ pub async fn run(config: &Config, core: Core, settings: TuneSettings) -> Result<
     let concurrency = &settings.concurrency;
 
     // The plan: the current config, the instance layouts, three queue delays, three batch sizes.
-    let layouts = search::instance_layouts(settings.max_instances.clamp(1, 64), cores);
+    // A GPU model is measured on its first GPU, with up to 4 instances there (each its own stream).
+    let group = base.instance_group.first();
+    let device = match group {
+        Some(g) if g.kind == crate::proto::inference::model_instance_group::Kind::Gpu as i32 => {
+            Device::Gpu(g.gpus.first().copied().unwrap_or(0))
+        }
+        _ => Device::Cpu,
+    };
+    let most = if device == Device::Cpu { settings.max_instances } else { settings.max_instances.min(4) };
+    let layouts = search::instance_layouts(most.clamp(1, 64), cores);
     let planned = 1 + layouts.len() + if batchable { search::DELAYS_US.len() + 3 } else { 0 };
     let ceiling_share =
         if batchable && base.backend == "onnxruntime" { settings.budget.mul_f64(0.12) } else { Duration::ZERO };
@@ -141,7 +151,7 @@ pub async fn run(config: &Config, core: Core, settings: TuneSettings) -> Result<
             Some(path) => {
                 let (cfg, req) = (base.clone(), req.clone());
                 let points = tokio::task::spawn_blocking(move || {
-                    ceiling::measure(&*backend, &path, &cfg, &req, &batches, cores, slice)
+                    ceiling::measure(&*backend, device, &path, &cfg, &req, &batches, cores, slice)
                 })
                 .await
                 .map_err(|e| e.to_string())?;
