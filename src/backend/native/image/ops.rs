@@ -158,56 +158,66 @@ fn clip8(v: i32) -> u8 {
 /// PIL's rounding term, added before the weighted sum.
 const HALF: i32 = 1 << (PRECISION - 1);
 
-/// One pass along rows (`horizontal`) or columns, rounding to 8 bits as PIL does between passes.
-/// 32-bit sums as PIL's (weights in 22-bit fixed point: 255 x the largest sum of |weights| stays
-/// below 2^31); the vertical pass sums whole rows, which the compiler vectorises.
-/// Only the output positions in `window` are computed (the rest of a crop is never needed).
-fn pass(p: &Pixels, size: u32, horizontal: bool, (filter, antialias): (Filter, bool), window: Range<usize>) -> Pixels {
-    let c = p.channels;
-    let (w, h) = (p.width as usize, p.height as usize);
-    let mut coeffs = coefficients(if horizontal { p.width } else { p.height }, size, filter, antialias);
+type Coefficients = Vec<(usize, Vec<i32>)>;
+
+/// The coefficients of the output positions in `window` only (the rest of a crop is never needed).
+fn windowed(mut coeffs: Coefficients, window: Range<usize>) -> Coefficients {
     coeffs.truncate(window.end);
     coeffs.drain(..window.start.min(coeffs.len()));
-    let (ow, oh) = if horizontal { (coeffs.len(), h) } else { (w, coeffs.len()) };
+    coeffs
+}
+
+// Both passes round to 8 bits as PIL does between passes, with 32-bit sums as PIL's (weights in
+// 22-bit fixed point: 255 x the largest sum of |weights| stays below 2^31).
+
+/// Along rows, for the input rows in `rows` only (those the vertical pass will read).
+fn horizontal(p: &Pixels, coeffs: &[(usize, Vec<i32>)], rows: Range<usize>) -> Pixels {
+    let c = p.channels;
+    let w = p.width as usize;
+    let (ow, oh) = (coeffs.len(), rows.len());
     let mut data = vec![0u8; ow * oh * c];
-    if horizontal {
-        for (row, out) in p.data.chunks_exact(w * c).zip(data.chunks_exact_mut(ow * c)) {
-            for ((start, k), px) in coeffs.iter().zip(out.chunks_exact_mut(c)) {
-                let src = &row[start * c..(start + k.len()) * c];
-                if c == 3 {
-                    let (mut r, mut g, mut b) = (HALF, HALF, HALF);
-                    for (s, &weight) in src.chunks_exact(3).zip(k) {
-                        r += i32::from(s[0]) * weight;
-                        g += i32::from(s[1]) * weight;
-                        b += i32::from(s[2]) * weight;
-                    }
-                    px.copy_from_slice(&[clip8(r), clip8(g), clip8(b)]);
-                } else {
-                    for (ch, o) in px.iter_mut().enumerate() {
-                        let acc =
-                            src.chunks_exact(c).zip(k).fold(HALF, |a, (s, &weight)| a + i32::from(s[ch]) * weight);
-                        *o = clip8(acc);
-                    }
+    let src_rows = p.data.chunks_exact(w * c).skip(rows.start).take(oh);
+    for (row, out) in src_rows.zip(data.chunks_exact_mut(ow * c)) {
+        for ((start, k), px) in coeffs.iter().zip(out.chunks_exact_mut(c)) {
+            let src = &row[start * c..(start + k.len()) * c];
+            if c == 3 {
+                let (mut r, mut g, mut b) = (HALF, HALF, HALF);
+                for (s, &weight) in src.chunks_exact(3).zip(k) {
+                    r += i32::from(s[0]) * weight;
+                    g += i32::from(s[1]) * weight;
+                    b += i32::from(s[2]) * weight;
                 }
-            }
-        }
-    } else {
-        let stride = w * c;
-        let mut acc = vec![0i32; stride];
-        for ((start, k), out) in coeffs.iter().zip(data.chunks_exact_mut(stride)) {
-            acc.fill(HALF);
-            for (i, &weight) in k.iter().enumerate() {
-                let row = &p.data[(start + i) * stride..(start + i + 1) * stride];
-                for (a, &v) in acc.iter_mut().zip(row) {
-                    *a += i32::from(v) * weight;
+                px.copy_from_slice(&[clip8(r), clip8(g), clip8(b)]);
+            } else {
+                for (ch, o) in px.iter_mut().enumerate() {
+                    let acc = src.chunks_exact(c).zip(k).fold(HALF, |a, (s, &weight)| a + i32::from(s[ch]) * weight);
+                    *o = clip8(acc);
                 }
-            }
-            for (o, &a) in out.iter_mut().zip(&acc) {
-                *o = clip8(a);
             }
         }
     }
     Pixels { width: ow as u32, height: oh as u32, channels: c, data }
+}
+
+/// Along columns; `p` starts at input row `offset`. Sums whole rows, which the compiler vectorises.
+fn vertical(p: &Pixels, coeffs: &[(usize, Vec<i32>)], offset: usize) -> Pixels {
+    let c = p.channels;
+    let stride = p.width as usize * c;
+    let mut data = vec![0u8; stride * coeffs.len()];
+    let mut acc = vec![0i32; stride];
+    for ((start, k), out) in coeffs.iter().zip(data.chunks_exact_mut(stride)) {
+        acc.fill(HALF);
+        for (i, &weight) in k.iter().enumerate() {
+            let at = start + i - offset;
+            for (a, &v) in acc.iter_mut().zip(&p.data[at * stride..(at + 1) * stride]) {
+                *a += i32::from(v) * weight;
+            }
+        }
+        for (o, &a) in out.iter_mut().zip(&acc) {
+            *o = clip8(a);
+        }
+    }
+    Pixels { width: p.width, height: coeffs.len() as u32, channels: c, data }
 }
 
 /// Resizes to `width` x `height` as PIL's `Image.resize` does (bit for bit): nearest, or a
@@ -253,9 +263,22 @@ pub fn resize_window(
     how: (Filter, bool),
     (xs, ys): (Range<usize>, Range<usize>),
 ) -> Result<Pixels, String> {
-    let across =
-        if width != p.width || xs.len() != p.width as usize { pass(p, width, true, how, xs) } else { p.clone() };
-    Ok(if height != p.height || ys.len() != p.height as usize { pass(&across, height, false, how, ys) } else { across })
+    let (filter, antialias) = how;
+    let across = (width != p.width || xs.len() != p.width as usize)
+        .then(|| windowed(coefficients(p.width, width, filter, antialias), xs));
+    let down = (height != p.height || ys.len() != p.height as usize)
+        .then(|| windowed(coefficients(p.height, height, filter, antialias), ys));
+    Ok(match (across, down) {
+        (None, None) => p.clone(),
+        (Some(h), None) => horizontal(p, &h, 0..p.height as usize),
+        (None, Some(v)) => vertical(p, &v, 0),
+        (Some(h), Some(v)) => {
+            // Only the input rows the vertical pass reads go through the horizontal one.
+            let first = v.iter().map(|(s, _)| *s).min().unwrap_or(0);
+            let end = v.iter().map(|(s, k)| s + k.len()).max().unwrap_or(first);
+            vertical(&horizontal(p, &h, first..end), &v, first)
+        }
+    })
 }
 
 /// The size that makes the shortest (or longest) side `size`, the other in proportion,
