@@ -62,7 +62,20 @@ impl CudaRegion {
         .map_err(|e| {
             Error::invalid(format!("failed to register CUDA shared memory region: '{name}': {}", e.message()))
         })?;
-        Ok(CudaRegion { device_id, byte_size, context, pointer })
+        // Closed on drop from here on, whatever fails next.
+        let region = CudaRegion { device_id, byte_size, context, pointer };
+        // The size is the client's word: it must fit in the allocation the handle opened, so no
+        // later copy reaches past it.
+        let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
+        // SAFETY: valid out-pointers; `pointer` was just opened in this context.
+        driver("cuMemGetAddressRange", unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, pointer) })?;
+        let room = (base + size as u64).saturating_sub(pointer);
+        if byte_size > room {
+            return Err(Error::invalid(format!(
+                "failed to register CUDA shared memory region '{name}': invalid args (byte_size {byte_size} is past the {room} bytes of the allocation the handle names)"
+            )));
+        }
+        Ok(region)
     }
 
     /// A host copy of `[offset, offset + size)` (bounds checked by the caller).

@@ -90,6 +90,9 @@ def test_cuda_shared_memory_round_trip(gpu_server):
     hout = cudashm.create_shared_memory_region("out", size * 2, 0)
     try:
         cudashm.set_shared_memory_region(hin, [a, b])
+        from tritonclient.utils import InferenceServerException
+        with pytest.raises(InferenceServerException, match="past the"):
+            c.register_cuda_shared_memory("big", cudashm.get_raw_handle(hin), 0, 1 << 40)
         c.register_cuda_shared_memory("in", cudashm.get_raw_handle(hin), 0, size * 2)
         c.register_cuda_shared_memory("out", cudashm.get_raw_handle(hout), 0, size * 2)
         ins = inputs(a, b)
