@@ -177,18 +177,14 @@ pub async fn run(config: &Config, core: Core, settings: TuneSettings) -> Result<
     let mut measured: Vec<Measured> = Vec::new();
     let mut sweep = Sweep { core: &core, name: &name, base: &base, http: &http, plan: &plan, concurrency };
     // Stage 0: what runs today.
-    if let Some(m) = sweep.point(current, true, &mut progress).await? {
-        measured.push(m);
-    }
+    sweep.add(&mut measured, current, true, &mut progress).await?;
     // Stage 1: instances x threads, dynamic batching with no delay.
     let delay0 = if batchable { Some(0) } else { None };
     for (instances, threads) in layouts {
         let p =
             Point { instances, threads, max_batch_size: batch0, preferred_batch_size: None, queue_delay_us: delay0 };
-        if p != current
-            && let Some(m) = sweep.point(p, false, &mut progress).await?
-        {
-            measured.push(m);
+        if p != current {
+            sweep.add(&mut measured, p, false, &mut progress).await?;
         }
     }
     if batchable {
@@ -196,11 +192,7 @@ pub async fn run(config: &Config, core: Core, settings: TuneSettings) -> Result<
         let anchor = search::best(&measured, settings.latency_target_ms).map(|(m, _)| m.point).unwrap_or(current);
         for delay in search::DELAYS_US {
             let p = Point { queue_delay_us: Some(delay), max_batch_size: batch0.max(1), ..anchor };
-            if !measured.iter().any(|m| m.point == p)
-                && let Some(m) = sweep.point(p, false, &mut progress).await?
-            {
-                measured.push(m);
-            }
+            sweep.add(&mut measured, p, false, &mut progress).await?;
         }
         // Stage 3: batch sizes around the best so far.
         let anchor = search::best(&measured, settings.latency_target_ms).map(|(m, _)| m.point).unwrap_or(current);
@@ -213,11 +205,7 @@ pub async fn run(config: &Config, core: Core, settings: TuneSettings) -> Result<
                 queue_delay_us: anchor.queue_delay_us.or(Some(0)),
                 ..anchor
             };
-            if !measured.iter().any(|m| m.point == p)
-                && let Some(m) = sweep.point(p, false, &mut progress).await?
-            {
-                measured.push(m);
-            }
+            sweep.add(&mut measured, p, false, &mut progress).await?;
         }
     }
     progress.finish();
@@ -315,6 +303,22 @@ struct Sweep<'a> {
 }
 
 impl Sweep<'_> {
+    /// Measures `point` unless it already was, keeping what loads.
+    async fn add(
+        &mut self,
+        measured: &mut Vec<Measured>,
+        point: Point,
+        baseline: bool,
+        progress: &mut progress::Progress,
+    ) -> Result<(), String> {
+        if !measured.iter().any(|m| m.point == point)
+            && let Some(m) = self.point(point, baseline, progress).await?
+        {
+            measured.push(m);
+        }
+        Ok(())
+    }
+
     /// None when the budget has no room left for the point.
     async fn point(
         &mut self,
