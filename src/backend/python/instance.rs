@@ -4,6 +4,7 @@
 use std::{collections::BTreeMap, fs::File, os::unix::fs::FileExt, sync::Arc, time::Duration};
 
 use bytes::Bytes;
+use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::{Launch, bls, link::Link};
@@ -65,7 +66,7 @@ pub struct PythonInstance {
     link: Link,
     inputs: Region,
     /// The process's output region, opened by name.
-    outputs: Option<(String, File)>,
+    outputs: Option<(String, File, u64)>,
 }
 
 fn error_of(e: &Value, model: &str) -> Error {
@@ -106,60 +107,98 @@ impl PythonInstance {
         }
     }
 
-    fn output_file(&mut self, region: &Value) -> Result<&File> {
-        let name = region["name"].as_str().unwrap_or_default().to_string();
-        if self.outputs.as_ref().is_none_or(|(n, _)| n != &name) {
+    /// The process's output region named in its reply, opened once per name, with its length.
+    fn output_file(&mut self, region: &Value) -> Result<(&File, u64)> {
+        let name = region[0].as_str().unwrap_or_default().to_string();
+        if self.outputs.as_ref().is_none_or(|(n, _, _)| n != &name) {
             let object = crate::names::shm_object(&name).map_err(Error::internal)?;
             let file = File::open(format!("/dev/shm/{object}"))
+                .and_then(|f| f.metadata().map(|m| (f, m.len())))
                 .map_err(|e| Error::internal(format!("cannot open the Python process's outputs '{name}': {e}")))?;
-            self.outputs = Some((name, file));
+            self.outputs = Some((name, file.0, file.1));
         }
-        Ok(&self.outputs.as_ref().expect("just set").1)
+        let (_, file, len) = self.outputs.as_ref().expect("just set");
+        Ok((file, *len))
     }
 
-    fn read_outputs(&mut self, region: &Value, outs: &Value) -> Result<Vec<Tensor>> {
-        let file = self.output_file(region)?;
-        let mut tensors = Vec::new();
-        for o in outs.as_array().into_iter().flatten() {
-            let datatype = DataType::from_wire(o["datatype"].as_str().unwrap_or_default())
-                .ok_or_else(|| Error::internal(format!("output '{}' has a datatype ferry does not know", o["name"])))?;
-            let (offset, size) = (o["offset"].as_u64().unwrap_or(0), o["size"].as_u64().unwrap_or(0));
-            let mut data = vec![0u8; size as usize];
-            file.read_exact_at(&mut data, offset)
-                .map_err(|e| Error::internal(format!("cannot read an output: {e}")))?;
-            tensors.push(Tensor {
-                name: o["name"].as_str().unwrap_or_default().to_string(),
+    /// Every response's outputs, read from the process's region with one read of the span they
+    /// cover; each tensor is a slice of that one buffer.
+    fn read_responses(&mut self, region: &Value, responses: &[Value]) -> Result<Vec<Result<Vec<Tensor>>>> {
+        let described = |resp: &Value| resp[0].as_array().cloned().unwrap_or_default();
+        let mut span = 0u64;
+        for o in responses.iter().flat_map(described) {
+            let end = o[3].as_u64().unwrap_or(0).checked_add(o[4].as_u64().unwrap_or(0));
+            span = span.max(end.ok_or_else(|| Error::internal("an output's offset and size overflow"))?);
+        }
+        let (file, len) = self.output_file(region)?;
+        if span > len {
+            return Err(Error::internal(format!(
+                "the Python process named outputs up to byte {span} of a {len}-byte region"
+            )));
+        }
+        let mut data = vec![0u8; span as usize];
+        file.read_exact_at(&mut data, 0).map_err(|e| Error::internal(format!("cannot read the outputs: {e}")))?;
+        let data = Bytes::from(data);
+        let model = &self.launch.model;
+        let tensor = |o: &Value| -> Result<Tensor> {
+            let datatype = DataType::from_wire(o[1].as_str().unwrap_or_default())
+                .ok_or_else(|| Error::internal(format!("output {} has a datatype ferry does not know", o[0])))?;
+            let (offset, size) = (o[3].as_u64().unwrap_or(0) as usize, o[4].as_u64().unwrap_or(0) as usize);
+            Ok(Tensor {
+                name: o[0].as_str().unwrap_or_default().to_string(),
                 datatype,
-                shape: o["shape"].as_array().into_iter().flatten().filter_map(Value::as_i64).collect(),
-                data: Bytes::from(data),
-            });
-        }
-        Ok(tensors)
+                shape: o[2].as_array().into_iter().flatten().filter_map(Value::as_i64).collect(),
+                data: data.slice(offset..offset + size),
+            })
+        };
+        Ok(responses
+            .iter()
+            .map(|resp| match &resp[1] {
+                Value::Null => described(resp).iter().map(tensor).collect(),
+                e => Err(error_of(e, model)),
+            })
+            .collect())
     }
 
-    fn run(&mut self, requests: &[BackendRequest<'_>]) -> Result<Vec<Result<Vec<Tensor>>>> {
-        let total: u64 = requests.iter().flat_map(|r| &r.inputs).map(|i| (i.data.len() as u64).div_ceil(8) * 8).sum();
+    /// Writes the batch's inputs into the input region (one write when they are small) and
+    /// describes each request as the stub reads it.
+    fn write_inputs<'a>(&mut self, requests: &'a [BackendRequest<'a>]) -> Result<Vec<Described<'a>>> {
+        let padded = |n: usize| (n as u64).div_ceil(8) * 8;
+        let total: u64 = requests.iter().flat_map(|r| &r.inputs).map(|i| padded(i.data.len())).sum();
         let file = self.inputs.ensure(total.max(1))?;
+        let written = |e: std::io::Error| Error::internal(format!("cannot write to shared memory: {e}"));
+        let gather = total <= GATHER_LIMIT;
+        let mut gathered = Vec::with_capacity(if gather { total as usize } else { 0 });
         let mut at = 0u64;
         let mut described = Vec::with_capacity(requests.len());
         for r in requests {
             let mut inputs = Vec::with_capacity(r.inputs.len());
             for i in &r.inputs {
-                file.write_all_at(i.data, at)
-                    .map_err(|e| Error::internal(format!("cannot write to shared memory: {e}")))?;
-                inputs.push(json!({"name": i.name, "datatype": i.datatype.wire(), "shape": i.shape, "offset": at, "size": i.data.len()}));
-                at += (i.data.len() as u64).div_ceil(8) * 8;
+                if gather {
+                    gathered.extend_from_slice(i.data);
+                    gathered.resize(gathered.len() + (padded(i.data.len()) as usize - i.data.len()), 0);
+                } else {
+                    file.write_all_at(i.data, at).map_err(written)?;
+                }
+                inputs.push(DescribedInput(i.name, i.datatype.wire(), i.shape, at, i.data.len()));
+                at += padded(i.data.len());
             }
-            let parameters: BTreeMap<&str, Value> =
-                r.parameters.iter().map(|(k, v)| (k.as_str(), bls::param_json(v))).collect();
+            let parameters = (!r.parameters.is_empty())
+                .then(|| r.parameters.iter().map(|(k, v)| (k.as_str(), bls::param_json(v))).collect());
             let handle = r.stream.map(|tx| self.link.register(tx));
-            described.push(
-                json!({"id": r.id, "parameters": parameters, "inputs": inputs, "outputs": r.outputs, "handle": handle}),
-            );
+            described.push(Described(r.id, parameters, handle, &r.outputs, inputs));
         }
+        if gather {
+            file.write_all_at(&gathered, 0).map_err(written)?;
+        }
+        Ok(described)
+    }
+
+    fn run(&mut self, requests: &[BackendRequest<'_>]) -> Result<Vec<Result<Vec<Tensor>>>> {
+        let described = self.write_inputs(requests)?;
         let decoupled = requests.iter().any(|r| r.stream.is_some());
-        let region = json!({"name": self.inputs.name, "size": self.inputs.size});
-        let msg = json!({"op": "execute", "region": region, "requests": described, "decoupled": decoupled});
+        let msg =
+            Execute { op: "execute", region: (&self.inputs.name, self.inputs.size), requests: described, decoupled };
         let sent = self.link.process.writer.send(&msg, &[]);
         let (reply, _) = match sent.and_then(|()| self.link.reply(None)) {
             Ok(r) => r,
@@ -180,18 +219,30 @@ impl PythonInstance {
             tracing::debug!(model = %self.launch.model, trace = reply["trace"].as_str().unwrap_or_default(), "execute raised");
             return Err(Error::internal(format!("model '{}': execute() raised {e}", self.launch.model)));
         }
-        let region = reply["region"].clone();
-        reply["responses"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|resp| match &resp["error"] {
-                Value::Null => Ok(self.read_outputs(&region, &resp["outputs"])),
-                e => Ok(Err(error_of(e, &self.launch.model))),
-            })
-            .collect()
+        let responses = reply["responses"].as_array().map(Vec::as_slice).unwrap_or_default();
+        self.read_responses(&reply["region"], responses)
     }
 }
+
+/// Inputs of a batch up to this size are copied into one buffer and written with one call.
+const GATHER_LIMIT: u64 = 1 << 20;
+
+/// `execute` as the stub reads it: compact arrays, not objects, since it is sent per batch.
+#[derive(Serialize)]
+struct Execute<'a> {
+    op: &'static str,
+    region: (&'a str, u64),
+    requests: Vec<Described<'a>>,
+    decoupled: bool,
+}
+
+/// A request: id, parameters, stream handle, requested outputs, inputs.
+#[derive(Serialize)]
+struct Described<'a>(&'a str, Option<BTreeMap<&'a str, Value>>, Option<u64>, &'a [&'a str], Vec<DescribedInput<'a>>);
+
+/// An input: name, datatype, shape, offset and size in the input region.
+#[derive(Serialize)]
+struct DescribedInput<'a>(&'a str, &'static str, &'a [i64], u64, usize);
 
 impl ModelInstance for PythonInstance {
     /// The process's resident memory (the interpreter and what the model holds).
@@ -233,7 +284,7 @@ impl Drop for PythonInstance {
         if self.link.process.writer.send(&json!({"op": "finalize"}), &[]).is_ok() {
             let _ = self.link.reply(Some(Duration::from_secs(5)));
         }
-        if let Some((name, _)) = self.outputs.take() {
+        if let Some((name, _, _)) = self.outputs.take() {
             let _ = std::fs::remove_file(format!("/dev/shm/{name}"));
         }
     }

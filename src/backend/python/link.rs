@@ -86,13 +86,14 @@ impl Link {
 }
 
 fn read_loop(
-    mut reader: std::os::unix::net::UnixStream,
+    reader: std::os::unix::net::UnixStream,
     launch: &Launch,
     writer: &Writer,
     streams: &Streams,
     replies: &mpsc::Sender<std::io::Result<Message>>,
 ) {
     let model = &launch.model;
+    let mut reader = std::io::BufReader::with_capacity(1 << 16, reader);
     loop {
         let (msg, blobs) = match read_message(&mut reader) {
             Ok(m) => m,

@@ -87,6 +87,13 @@ class Tensor:
                              dtype=np.object_).reshape(array.shape)
         self._array = array
 
+    @classmethod
+    def _wrap(cls, name, array):
+        """A tensor over an array ferry already checked (no conversion)."""
+        t = cls.__new__(cls)
+        t._name, t._array = name, array
+        return t
+
     def name(self):
         return self._name
 
@@ -114,11 +121,17 @@ class Tensor:
 
 
 def get_input_tensor_by_name(request, name):
-    return next((t for t in request.inputs() if t.name() == name), None)
+    for t in request.inputs():
+        if t.name() == name:
+            return t
+    return None
 
 
 def get_output_tensor_by_name(response, name):
-    return next((t for t in response.output_tensors() if t.name() == name), None)
+    for t in response.output_tensors():
+        if t.name() == name:
+            return t
+    return None
 
 
 def get_input_config_by_name(model_config, name):
@@ -160,6 +173,15 @@ class InferenceRequest:
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters) if parameters else "{}"
         self._id, self._correlation_id, self._flags = request_id, correlation_id, flags
         self._handle = None  # set by the stub for a request of a decoupled model
+
+    @classmethod
+    def _from_ferry(cls, inputs, outputs, request_id, parameters, handle):
+        """A request of the batch ferry hands to execute()."""
+        r = cls.__new__(cls)
+        r._model_name, r._version, r._timeout = "", -1, 0
+        r._outputs, r._inputs, r._parameters = outputs, inputs, parameters
+        r._id, r._correlation_id, r._flags, r._handle = request_id, 0, 0, handle
+        return r
 
     def inputs(self):
         return self._inputs

@@ -26,7 +26,7 @@ pub type Message = (Value, Vec<Vec<u8>>);
 pub struct Writer(Arc<Mutex<UnixStream>>);
 
 impl Writer {
-    pub fn send(&self, msg: &Value, blobs: &[&[u8]]) -> std::io::Result<()> {
+    pub fn send<T: serde::Serialize + ?Sized>(&self, msg: &T, blobs: &[&[u8]]) -> std::io::Result<()> {
         let body = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
         let mut out = Vec::with_capacity(8 + body.len());
         out.extend((body.len() as u32).to_le_bytes());

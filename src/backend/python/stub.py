@@ -3,12 +3,12 @@ initialize / execute / finalize over a Unix socket, with tensors in shared memor
 region ferry writes, outputs in one this process owns). BLS calls and log lines go back to ferry
 over the same socket. Runs on any Python >= 3.9 with numpy."""
 import asyncio
+import collections
 import importlib.util
 import inspect
 import json
 import mmap
 import os
-import queue
 import socket
 import struct
 import sys
@@ -20,14 +20,25 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
+REPLIES = frozenset(("infer_result", "control_result", "cancelled_result"))
+
+
 class Channel:
-    """Length-prefixed JSON messages, each followed by binary blobs."""
+    """Length-prefixed JSON messages, each followed by binary blobs. Whichever thread waits reads:
+    the main thread when it waits for work, a thread blocked on a BLS call or a cancellation check
+    when the main thread is busy, so the common path has no hand-off between threads."""
 
     def __init__(self, sock):
         self.sock = sock
-        self.lock = threading.Lock()
+        self.file = sock.makefile("rb")
+        self.wlock = threading.Lock()
+        self.cond = threading.Condition(threading.Lock())
+        self.reading = self.closed = False
         self.seq = 0
         self.waiting = {}
+        self.work = collections.deque()
+        self.async_pending = 0
+        self.helper = None
 
     def send(self, msg, blobs=()):
         body = json.dumps(msg).encode()
@@ -35,21 +46,21 @@ class Channel:
         for b in blobs:
             parts.append(struct.pack("<Q", len(b)))
             parts.append(b)
-        with self.lock:
-            for p in parts:
-                self.sock.sendall(p)
+        data = b"".join(parts) if sum(len(p) for p in parts) < (1 << 16) else None
+        with self.wlock:
+            if data is not None:
+                self.sock.sendall(data)
+            else:
+                for p in parts:
+                    self.sock.sendall(p)
 
     def _exact(self, n):
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
-        while got < n:
-            k = self.sock.recv_into(view[got:], n - got)
-            if k == 0:
-                raise EOFError("ferry closed the channel")
-            got += k
-        return buf
+        data = self.file.read(n)
+        if len(data) != n:
+            raise EOFError("ferry closed the channel")
+        return data
 
-    def recv(self):
+    def _read_one(self):
         (n,) = struct.unpack("<I", self._exact(4))
         msg = json.loads(self._exact(n))
         (count,) = struct.unpack("<I", self._exact(4))
@@ -59,24 +70,67 @@ class Channel:
             blobs.append(self._exact(size))
         return msg, blobs
 
+    def wait_for(self, ready):
+        """Returns once ready() holds (checked under the lock); reads the socket meanwhile when
+        no other thread does. EOFError once ferry is gone."""
+        cond = self.cond
+        while True:
+            with cond:
+                while not ready():
+                    if self.closed:
+                        raise EOFError("ferry closed the channel")
+                    if not self.reading:
+                        self.reading = True
+                        break
+                    cond.wait()
+                else:
+                    return
+            try:
+                msg, blobs = self._read_one()
+            except (EOFError, OSError, ValueError):
+                with cond:
+                    self.reading, self.closed = False, True
+                    cond.notify_all()
+                raise EOFError("ferry closed the channel") from None
+            with cond:
+                self.reading = False
+                if msg.get("op") in REPLIES:
+                    done = self.waiting.pop(msg.get("seq"), None)
+                    if done is not None:
+                        done(msg, blobs)
+                else:
+                    self.work.append(msg)
+                cond.notify_all()
+
+    def next_work(self):
+        self.wait_for(lambda: self.work)
+        with self.cond:
+            return self.work.popleft()
+
     def _call(self, msg, blobs, done):
-        with self.lock:
+        with self.cond:
             self.seq += 1
             seq = self.seq
             self.waiting[seq] = done
         msg["seq"] = seq
         self.send(msg, blobs)
 
-    def resolve(self, msg, blobs):
-        done = self.waiting.pop(msg.get("seq"), None)
-        if done is not None:
-            done(msg, blobs)
-
     def _blocking(self, msg, blobs=()):
-        box, ready = [], threading.Event()
-        self._call(msg, list(blobs), lambda m, b: (box.append((m, b)), ready.set()))
-        ready.wait()
+        box = []
+        self._call(msg, list(blobs), lambda m, b: box.append((m, b)))
+        self.wait_for(lambda: box)
         return box[0]
+
+    def _read_for_async(self):
+        """Reads while asynchronous BLS calls are out (the main thread is in its event loop)."""
+        try:
+            while True:
+                with self.cond:
+                    while not self.async_pending and not self.closed:
+                        self.cond.wait()
+                self.wait_for(lambda: not self.async_pending)
+        except EOFError:
+            return
 
     # --- what triton_python_backend_utils calls ---
     def log(self, level, message):
@@ -88,7 +142,18 @@ class Channel:
 
     def infer_async(self, request, inputs, done):
         msg, blobs = bls_message(request, inputs)
-        self._call(msg, blobs, lambda m, b: done(bls_response(m, b)))
+
+        def finished(m, b):  # runs under self.cond
+            self.async_pending -= 1
+            done(bls_response(m, b))
+
+        with self.cond:
+            self.async_pending += 1
+            if self.helper is None:
+                self.helper = threading.Thread(target=self._read_for_async, daemon=True)
+                self.helper.start()
+            self.cond.notify_all()
+        self._call(msg, blobs, finished)
 
     def respond(self, handle, response, final):
         """A decoupled model's response (None: only the final flag)."""
@@ -120,8 +185,12 @@ def tensor_bytes(t):
     array = t.as_numpy()
     if array.dtype == np.object_ or array.dtype.kind in ("S", "U"):
         return "BYTES", pb_utils.serialize_byte_tensor(array)
-    array = np.ascontiguousarray(array)
+    array = np.ascontiguousarray(array).reshape(-1)
     return pb_utils.numpy_to_triton_type(array.dtype), memoryview(array).cast("B")
+
+
+NUMPY = {k: np.dtype(v) for k, v in pb_utils._NP.items() if k != "BYTES"}
+WIRE = {v: k for k, v in NUMPY.items()}
 
 
 def params_text(params):
@@ -208,7 +277,7 @@ class Stub:
         return {}
 
     def input_view(self, region):
-        name, size = region["name"], region["size"]
+        name, size = region
         if self.inputs[0] != name or self.inputs[1] is None or len(self.inputs[1]) < size:
             fd = os.open(f"/dev/shm/{name}", os.O_RDWR)
             try:
@@ -218,18 +287,20 @@ class Stub:
         return self.inputs[1]
 
     def execute(self, msg):
-        area = self.input_view(msg["region"]) if msg["requests"] and msg.get("region") else None
-        requests = []
-        for r in msg["requests"]:
+        """Runs one batch. Each request: [id, parameters, stream handle, requested outputs,
+        inputs], each input [name, datatype, shape, offset, size] in the input region."""
+        described = msg["requests"]
+        area = self.input_view(msg["region"]) if described else None
+        frombuffer, dtypes, requests = np.frombuffer, NUMPY, []
+        for rid, params, handle, outputs, inputs in described:
             tensors = []
-            for t in r["inputs"]:
-                buf = memoryview(area)[t["offset"]:t["offset"] + t["size"]]
-                tensors.append(tensor_from(t["name"], t["datatype"], t["shape"], buf))
-            request = pb_utils.InferenceRequest(
-                inputs=tensors, requested_output_names=r["outputs"], request_id=r.get("id", ""),
-                correlation_id=r.get("correlation_id", 0), parameters=params_text(r.get("parameters")))
-            request._handle = r.get("handle")
-            requests.append(request)
+            for name, datatype, shape, offset, size in inputs:
+                dtype = dtypes.get(datatype)
+                if dtype is None:
+                    tensors.append(tensor_from(name, datatype, shape, memoryview(area)[offset:offset + size]))
+                else:
+                    tensors.append(pb_utils.Tensor._wrap(name, frombuffer(area, dtype, size // dtype.itemsize, offset).reshape(shape)))
+            requests.append(pb_utils.InferenceRequest._from_ferry(tensors, outputs, rid, params_text(params), handle))
         responses = self.model.execute(requests)
         if inspect.iscoroutine(responses):
             if self.loop is None:
@@ -245,28 +316,38 @@ class Stub:
         return self.write_responses(responses)
 
     def write_responses(self, responses):
+        """Outputs go to this process's region; each response is [outputs, error, parameters],
+        each output [name, datatype, shape, offset, size]."""
         packed, total = [], 0
         for resp in responses:
             outs = []
-            for t in (resp.output_tensors() if resp is not None else []):
-                datatype, data = tensor_bytes(t)
-                outs.append((t.name(), datatype, list(t.as_numpy().shape), data))
-                total += (len(data) + 7) // 8 * 8
+            for t in (resp.output_tensors() if resp is not None else ()):
+                array = t.as_numpy()
+                datatype = WIRE.get(array.dtype)
+                if datatype is None:
+                    datatype, data = tensor_bytes(t)
+                else:
+                    data = np.ascontiguousarray(array).reshape(-1)
+                size = data.nbytes if datatype != "BYTES" else len(data)
+                outs.append((t.name(), datatype, list(array.shape), data, size))
+                total += (size + 7) & ~7
             packed.append((resp, outs))
         self.outputs.ensure(max(total, 1))
-        out, at = [], 0
+        area, out, at = self.outputs.map, [], 0
         for resp, outs in packed:
             meta = []
-            for name, datatype, shape, data in outs:
-                self.outputs.map[at:at + len(data)] = data
-                meta.append({"name": name, "datatype": datatype, "shape": shape, "offset": at, "size": len(data)})
-                at += (len(data) + 7) // 8 * 8
-            err = resp.error() if resp is not None else pb_utils.TritonError("execute() returned None for this request")
-            error = {"message": err.message() if hasattr(err, "message") else str(err),
-                     "code": err.code() if hasattr(err, "code") else 1} if err is not None else None
-            params = resp.parameters() if resp is not None else ""
-            out.append({"outputs": meta, "error": error, "parameters": json.loads(params) if params not in ("", "{}") else {}})
-        return {"region": {"name": self.outputs.name, "size": self.outputs.size}, "responses": out}
+            for name, datatype, shape, data, size in outs:
+                area[at:at + size] = data
+                meta.append([name, datatype, shape, at, size])
+                at += (size + 7) & ~7
+            if resp is None:
+                out.append([meta, {"message": "execute() returned None for this request", "code": 1}, None])
+                continue
+            err, params = resp.error(), resp.parameters()
+            error = None if err is None else {"message": err.message() if hasattr(err, "message") else str(err),
+                                              "code": err.code() if hasattr(err, "code") else 1}
+            out.append([meta, error, json.loads(params) if params not in ("", "{}") else None])
+        return {"region": [self.outputs.name, self.outputs.size], "responses": out}
 
     def finalize(self, msg):
         if self.model is not None and hasattr(self.model, "finalize"):
@@ -280,31 +361,19 @@ def main():
     channel = Channel(sock)
     pb_utils._CHANNEL = channel
     stub = Stub(channel)
-    work = queue.Queue()
-
-    def read():
-        try:
-            while True:
-                msg, blobs = channel.recv()
-                if msg["op"] in ("infer_result", "control_result", "cancelled_result"):
-                    channel.resolve(msg, blobs)
-                else:
-                    work.put(msg)
-        except (EOFError, OSError):
-            work.put({"op": "finalize", "gone": True})
-
-    threading.Thread(target=read, daemon=True).start()
     try:
         while True:
-            msg = work.get()
+            try:
+                msg = channel.next_work()
+            except EOFError:
+                stub.finalize({})
+                break
             op = msg["op"]
             try:
                 reply = getattr(stub, op)(msg)
                 reply["op"] = "done"
             except Exception as e:  # noqa: BLE001 - every failure goes back to ferry, named
                 reply = {"op": "done", "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
-            if msg.get("gone"):
-                break
             channel.send(reply)
             if op in ("finalize", "auto_complete"):
                 break
