@@ -74,6 +74,20 @@ pub struct BackendRequest<'a> {
     pub stream: Option<&'a crate::request::StreamTx>,
 }
 
+/// One request's answer from `execute_each`: its outputs and the response parameters the model
+/// set (a Python model's `InferenceResponse(parameters=...)`).
+#[derive(Debug, Default)]
+pub struct Answer {
+    pub outputs: Vec<Tensor>,
+    pub parameters: crate::request::Parameters,
+}
+
+impl From<Vec<Tensor>> for Answer {
+    fn from(outputs: Vec<Tensor>) -> Self {
+        Answer { outputs, parameters: Default::default() }
+    }
+}
+
 /// A loaded copy of a model that executes one batch at a time.
 pub trait ModelInstance: Send {
     /// Runs one batch and returns the named outputs, in the order asked.
@@ -101,8 +115,8 @@ pub trait ModelInstance: Send {
     }
 
     /// Runs the requests of one batch, each answered (or failed) on its own.
-    fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Vec<Tensor>>> {
-        requests.iter().map(|r| self.execute(&r.inputs, &r.outputs)).collect()
+    fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Answer>> {
+        requests.iter().map(|r| self.execute(&r.inputs, &r.outputs).map(Answer::from)).collect()
     }
 }
 

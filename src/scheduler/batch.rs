@@ -136,7 +136,7 @@ fn run_each(
         .into_iter()
         .zip(results)
         .map(|(job, result)| {
-            let response = result.map_err(|e| e.with_origin(Origin::Backend)).and_then(|outs| {
+            let response = result.map_err(|e| e.with_origin(Origin::Backend)).and_then(|answer| {
                 if job.req.stream.is_some() {
                     // Its responses stream; this reply only says the request was taken.
                     return Ok(InferResponse {
@@ -147,7 +147,9 @@ fn run_each(
                         outputs: Vec::new(),
                     });
                 }
-                respond_one(ctx, &job, outs)
+                let mut response = respond_one(ctx, &job, answer.outputs)?;
+                response.parameters = answer.parameters;
+                Ok(response)
             });
             (job, response)
         })

@@ -1,5 +1,5 @@
 """The Python backend through the real server: Triton's Python models run unchanged in their own
-processes (add/sub in several datatypes, BYTES, batched execute, per-request errors, exceptions,
+processes (add/sub in several datatypes, BYTES with response parameters, batched execute, per-request errors, exceptions,
 a killed process, auto_complete_config, BLS, EXECUTION_ENV_PATH, a failing initialize)."""
 import os
 import signal
@@ -26,7 +26,8 @@ class TritonPythonModel:
         out = []
         for r in requests:
             t = pb_utils.get_input_tensor_by_name(r, "TEXT").as_numpy()
-            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("ECHO", t)]))
+            params = {"items": int(t.size), "echo": "yes", "exact": True}
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("ECHO", t)], parameters=params))
         return out
 '''
 
@@ -142,6 +143,12 @@ def test_bytes_identity(server, protocol):
     text = np.array([["héllo".encode(), b"", b"\x00\xffraw"]], dtype=np.object_)
     r = client.infer("identity_bytes_py", [lib.InferInput("TEXT", [1, 3], "BYTES").set_data_from_numpy(text)])
     assert r.as_numpy("ECHO").tolist() == text.tolist()
+    # The response parameters the model set reach the client.
+    if protocol == "http":
+        assert r.get_response()["parameters"] == {"items": 3, "echo": "yes", "exact": True}
+    else:
+        p = r.get_response().parameters
+        assert (p["items"].int64_param, p["echo"].string_param, p["exact"].bool_param) == (3, "yes", True)
 
 
 def test_batched_execute_with_an_error_beside_good_requests(server):

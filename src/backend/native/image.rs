@@ -17,7 +17,7 @@ use half::f16;
 
 use super::{Params, f32_tensor, in_order};
 use crate::{
-    backend::{Backend, BackendInput, BackendRequest, InstanceSpec, ModelInstance, ModelIo},
+    backend::{Answer, Backend, BackendInput, BackendRequest, InstanceSpec, ModelInstance, ModelIo},
     error::{Error, Result},
     tensor::{DataType, Tensor, bytes_elements},
 };
@@ -425,11 +425,11 @@ impl ModelInstance for ImageInstance {
         true
     }
 
-    fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Vec<Tensor>>> {
+    fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Answer>> {
         // The requests of a batch on the instance's threads; one request spreads its own images.
         match requests {
-            [one] => vec![self.run(&one.inputs, &one.outputs, self.threads)],
-            _ => super::par_map(requests, self.threads, |r| self.run(&r.inputs, &r.outputs, 1)),
+            [one] => vec![self.run(&one.inputs, &one.outputs, self.threads).map(Answer::from)],
+            _ => super::par_map(requests, self.threads, |r| self.run(&r.inputs, &r.outputs, 1).map(Answer::from)),
         }
     }
 }

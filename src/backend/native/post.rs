@@ -13,7 +13,7 @@ use std::{path::Path, sync::Arc};
 
 use super::{Params, as_f32, bytes_tensor, f32_tensor, floats, in_order, int_tensor};
 use crate::{
-    backend::{Backend, BackendInput, BackendRequest, InstanceSpec, ModelInstance, ModelIo},
+    backend::{Answer, Backend, BackendInput, BackendRequest, InstanceSpec, ModelInstance, ModelIo},
     error::{Error, Result},
     proto::inference::ModelConfig,
     tensor::{DataType, Tensor},
@@ -375,8 +375,8 @@ impl ModelInstance for PostInstance {
         matches!(self.op, Op::Yolo(_))
     }
 
-    fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Vec<Tensor>>> {
-        requests.iter().map(|r| self.run(&r.inputs, &r.outputs)).collect()
+    fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Answer>> {
+        requests.iter().map(|r| self.run(&r.inputs, &r.outputs).map(Answer::from)).collect()
     }
 }
 

@@ -24,7 +24,7 @@ use tokenizers::{
 
 use super::{Params, bytes_tensor, in_order, int_tensor};
 use crate::{
-    backend::{Backend, BackendInput, BackendRequest, InstanceSpec, ModelInstance, ModelIo},
+    backend::{Answer, Backend, BackendInput, BackendRequest, InstanceSpec, ModelInstance, ModelIo},
     error::{Error, Result},
     proto::inference::ModelConfig,
     tensor::{DataType, Tensor, bytes_elements},
@@ -251,7 +251,7 @@ impl ModelInstance for TokenizerInstance {
         true
     }
 
-    fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Vec<Tensor>>> {
-        requests.iter().map(|r| self.run(&r.inputs, &r.outputs)).collect()
+    fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Answer>> {
+        requests.iter().map(|r| self.run(&r.inputs, &r.outputs).map(Answer::from)).collect()
     }
 }

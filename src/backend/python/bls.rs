@@ -39,7 +39,7 @@ pub fn param_json(v: &ParamValue) -> Value {
     }
 }
 
-fn params_of(v: &Value) -> Parameters {
+pub fn params_of(v: &Value) -> Parameters {
     v.as_object()
         .into_iter()
         .flatten()

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 
 use super::{Launch, bls, link::Link};
 use crate::{
-    backend::{BackendInput, BackendRequest, ModelInstance},
+    backend::{Answer, BackendInput, BackendRequest, ModelInstance},
     error::{Error, ErrorKind, Result},
     tensor::{DataType, Tensor},
 };
@@ -123,7 +123,7 @@ impl PythonInstance {
 
     /// Every response's outputs, read from the process's region with one read of the span they
     /// cover; each tensor is a slice of that one buffer.
-    fn read_responses(&mut self, region: &Value, responses: &[Value]) -> Result<Vec<Result<Vec<Tensor>>>> {
+    fn read_responses(&mut self, region: &Value, responses: &[Value]) -> Result<Vec<Result<Answer>>> {
         let described = |resp: &Value| resp[0].as_array().cloned().unwrap_or_default();
         let mut span = 0u64;
         for o in responses.iter().flat_map(described) {
@@ -154,7 +154,10 @@ impl PythonInstance {
         Ok(responses
             .iter()
             .map(|resp| match &resp[1] {
-                Value::Null => described(resp).iter().map(tensor).collect(),
+                Value::Null => Ok(Answer {
+                    outputs: described(resp).iter().map(tensor).collect::<Result<_>>()?,
+                    parameters: bls::params_of(&resp[2]),
+                }),
                 e => Err(error_of(e, model)),
             })
             .collect())
@@ -194,7 +197,7 @@ impl PythonInstance {
         Ok(described)
     }
 
-    fn run(&mut self, requests: &[BackendRequest<'_>]) -> Result<Vec<Result<Vec<Tensor>>>> {
+    fn run(&mut self, requests: &[BackendRequest<'_>]) -> Result<Vec<Result<Answer>>> {
         let described = self.write_inputs(requests)?;
         let decoupled = requests.iter().any(|r| r.stream.is_some());
         let msg =
@@ -213,7 +216,7 @@ impl PythonInstance {
         };
         if decoupled && reply["error"].is_null() {
             // The responses stream through each request's sender.
-            return Ok(requests.iter().map(|_| Ok(Vec::new())).collect());
+            return Ok(requests.iter().map(|_| Ok(Answer::default())).collect());
         }
         if let Some(e) = reply["error"].as_str() {
             tracing::debug!(model = %self.launch.model, trace = reply["trace"].as_str().unwrap_or_default(), "execute raised");
@@ -260,14 +263,15 @@ impl ModelInstance for PythonInstance {
             outputs: outputs.to_vec(),
             stream: None,
         };
-        self.run(std::slice::from_ref(&one))?.pop().unwrap_or_else(|| Err(Error::internal("no response")))
+        let answer = self.run(std::slice::from_ref(&one))?.pop();
+        answer.unwrap_or_else(|| Err(Error::internal("no response"))).map(|a| a.outputs)
     }
 
     fn separate_requests(&self) -> bool {
         true
     }
 
-    fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Vec<Tensor>>> {
+    fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Answer>> {
         match self.run(requests) {
             Ok(mut each) => {
                 each.resize_with(requests.len(), || Err(Error::internal("the model gave no response to this request")));
