@@ -82,6 +82,8 @@ pub struct InferResponse {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Streamed {
     pub outputs: Vec<Tensor>,
+    /// The response parameters the model set on this response.
+    pub parameters: Parameters,
     pub last: bool,
 }
 

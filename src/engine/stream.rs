@@ -65,7 +65,7 @@ impl Engine {
                     model_name: name.clone(),
                     model_version: version,
                     id: id.clone(),
-                    parameters: Default::default(),
+                    parameters: s.parameters,
                     outputs: s.outputs,
                 },
                 last: s.last,

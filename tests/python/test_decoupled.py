@@ -44,7 +44,8 @@ class TritonPythonModel:
             else:
                 sender.send(pb_utils.InferenceResponse([
                     pb_utils.Tensor("OUT", np.array([i], dtype=np.int32)),
-                    pb_utils.Tensor("TEXT", np.array([f"token{i}".encode()], dtype=np.object_))]))
+                    pb_utils.Tensor("TEXT", np.array([f"token{i}".encode()], dtype=np.object_))],
+                    parameters={"index": i}))
             time.sleep(delay)
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 '''
@@ -85,6 +86,8 @@ def collect(got, until_final=True, timeout=30):
         final = r.parameters["triton_final_response"].bool_param
         if result.as_numpy("OUT") is not None:
             values.append(int(result.as_numpy("OUT")[0]))
+            # The parameters the model set on this response travel with it.
+            assert r.parameters["index"].int64_param == values[-1], r.parameters
         if final or not until_final:
             return values, errors
 

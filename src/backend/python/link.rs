@@ -140,12 +140,16 @@ fn stream_response(model: &str, streams: &Streams, msg: &Value, blobs: Vec<Vec<u
         return;
     };
     let item = match &msg["error"] {
-        Value::Null => tensors(&msg["outputs"], blobs).map(|outputs| Streamed { outputs, last }),
+        Value::Null => tensors(&msg["outputs"], blobs).map(|outputs| Streamed {
+            outputs,
+            parameters: bls::params_of(&msg["parameters"]),
+            last,
+        }),
         e => Err(Error::invalid(e["message"].as_str().unwrap_or("the model reported an error").to_string())),
     };
     // A client that left cannot be told; the model sees it through is_cancelled().
     let _ = tx.0.send(item);
     if last && msg["error"] != Value::Null {
-        let _ = tx.0.send(Ok(Streamed { outputs: Vec::new(), last: true }));
+        let _ = tx.0.send(Ok(Streamed { outputs: Vec::new(), parameters: Default::default(), last: true }));
     }
 }

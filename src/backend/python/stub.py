@@ -157,8 +157,10 @@ class Channel:
 
     def respond(self, handle, response, final):
         """A decoupled model's response (None: only the final flag)."""
-        meta, blobs, error = [], [], None
+        meta, blobs, error, params = [], [], None, None
         if response is not None:
+            text = response.parameters()
+            params = json.loads(text) if text not in ("", "{}") else None
             for t in response.output_tensors():
                 datatype, data = tensor_bytes(t)
                 meta.append({"name": t.name(), "datatype": datatype, "shape": list(t.as_numpy().shape)})
@@ -168,7 +170,7 @@ class Channel:
                 error = {"message": err.message() if hasattr(err, "message") else str(err),
                          "code": err.code() if hasattr(err, "code") else 1}
         self.send({"op": "response", "handle": handle, "final": final, "empty": response is None,
-                   "outputs": meta, "error": error}, blobs)
+                   "outputs": meta, "error": error, "parameters": params}, blobs)
 
     def cancelled(self, handle):
         reply, _ = self._blocking({"op": "cancelled", "handle": handle})
