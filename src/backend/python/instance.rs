@@ -69,7 +69,8 @@ pub struct PythonInstance {
     outputs: Option<(String, File, u64)>,
 }
 
-fn error_of(e: &Value, model: &str) -> Error {
+/// A response's error as the model set it (`TritonError` and its code).
+fn error_of(e: &Value) -> Error {
     let message = e["message"].as_str().unwrap_or("the model reported an error").to_string();
     let kind = match e["code"].as_u64() {
         Some(2) => ErrorKind::NotFound,
@@ -80,7 +81,6 @@ fn error_of(e: &Value, model: &str) -> Error {
         Some(7) => ErrorKind::Cancelled,
         _ => ErrorKind::InvalidArgument,
     };
-    let _ = model;
     Error::new(kind, message)
 }
 
@@ -139,7 +139,6 @@ impl PythonInstance {
         let mut data = vec![0u8; span as usize];
         file.read_exact_at(&mut data, 0).map_err(|e| Error::internal(format!("cannot read the outputs: {e}")))?;
         let data = Bytes::from(data);
-        let model = &self.launch.model;
         let tensor = |o: &Value| -> Result<Tensor> {
             let datatype = DataType::from_wire(o[1].as_str().unwrap_or_default())
                 .ok_or_else(|| Error::internal(format!("output {} has a datatype ferry does not know", o[0])))?;
@@ -158,7 +157,7 @@ impl PythonInstance {
                     outputs: described(resp).iter().map(tensor).collect::<Result<_>>()?,
                     parameters: bls::params_of(&resp[2]),
                 }),
-                e => Err(error_of(e, model)),
+                e => Err(error_of(e)),
             })
             .collect())
     }
