@@ -124,7 +124,9 @@ impl PythonInstance {
     /// Every response's outputs, read from the process's region with one read of the span they
     /// cover; each tensor is a slice of that one buffer.
     fn read_responses(&mut self, region: &Value, responses: &[Value]) -> Result<Vec<Result<Answer>>> {
-        let described = |resp: &Value| resp[0].as_array().cloned().unwrap_or_default();
+        fn described(resp: &Value) -> &[Value] {
+            resp[0].as_array().map(Vec::as_slice).unwrap_or_default()
+        }
         let mut span = 0u64;
         for o in responses.iter().flat_map(described) {
             let end = o[3].as_u64().unwrap_or(0).checked_add(o[4].as_u64().unwrap_or(0));
