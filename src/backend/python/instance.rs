@@ -7,7 +7,7 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::{Launch, bls, link::Link};
+use super::{Launch, bls, link::Link, process::MAX_MESSAGE};
 use crate::{
     backend::{Answer, BackendInput, BackendRequest, ModelInstance},
     error::{Error, ErrorKind, Result},
@@ -133,9 +133,9 @@ impl PythonInstance {
             span = span.max(end.ok_or_else(|| Error::internal("an output's offset and size overflow"))?);
         }
         let (file, len) = self.output_file(region)?;
-        if span > len {
+        if span > len.min(MAX_MESSAGE) {
             return Err(Error::internal(format!(
-                "the Python process named outputs up to byte {span} of a {len}-byte region"
+                "the Python process named outputs up to byte {span} of a {len}-byte region (at most {MAX_MESSAGE} bytes are read per batch)"
             )));
         }
         let mut data = vec![0u8; span as usize];
@@ -189,11 +189,14 @@ impl PythonInstance {
             }
             let parameters = (!r.parameters.is_empty())
                 .then(|| r.parameters.iter().map(|(k, v)| (k.as_str(), bls::param_json(v))).collect());
-            let handle = r.stream.map(|tx| self.link.register(tx));
-            described.push(Described(r.id, parameters, handle, &r.outputs, inputs));
+            described.push(Described(r.id, parameters, None, &r.outputs, inputs));
         }
         if gather {
             file.write_all_at(&gathered, 0).map_err(written)?;
+        }
+        // Streams are registered once nothing can fail before the batch is sent.
+        for (d, r) in described.iter_mut().zip(requests) {
+            d.2 = r.stream.map(|tx| self.link.register(tx));
         }
         Ok(described)
     }

@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::error::{Error, Result};
 
 /// Most bytes one message may carry (a framing error must not allocate without bound).
-const MAX_MESSAGE: u64 = 4 << 30;
+pub(super) const MAX_MESSAGE: u64 = 4 << 30;
 
 /// A message: its JSON part and its blobs.
 pub type Message = (Value, Vec<Vec<u8>>);

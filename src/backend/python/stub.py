@@ -96,8 +96,11 @@ class Channel:
                 self.reading = False
                 if msg.get("op") in REPLIES:
                     done = self.waiting.pop(msg.get("seq"), None)
-                    if done is not None:
-                        done(msg, blobs)
+                    try:
+                        if done is not None:
+                            done(msg, blobs)
+                    except Exception:  # noqa: BLE001 - a failing callback must not stop this reader
+                        traceback.print_exc()
                 else:
                     self.work.append(msg)
                 cond.notify_all()
@@ -159,16 +162,11 @@ class Channel:
         """A decoupled model's response (None: only the final flag)."""
         meta, blobs, error, params = [], [], None, None
         if response is not None:
-            text = response.parameters()
-            params = json.loads(text) if text not in ("", "{}") else None
             for t in response.output_tensors():
                 datatype, data = tensor_bytes(t)
                 meta.append({"name": t.name(), "datatype": datatype, "shape": list(t.as_numpy().shape)})
                 blobs.append(bytes(data))
-            err = response.error()
-            if err is not None:
-                error = {"message": err.message() if hasattr(err, "message") else str(err),
-                         "code": err.code() if hasattr(err, "code") else 1}
+            error, params = error_json(response), params_json(response)
         self.send({"op": "response", "handle": handle, "final": final, "empty": response is None,
                    "outputs": meta, "error": error, "parameters": params}, blobs)
 
@@ -193,6 +191,21 @@ def tensor_bytes(t):
 
 NUMPY = {k: np.dtype(v) for k, v in pb_utils._NP.items() if k != "BYTES"}
 WIRE = {v: k for k, v in NUMPY.items()}
+
+
+def error_json(response):
+    """A response's error as ferry reads it, or None."""
+    err = response.error()
+    if err is None:
+        return None
+    return {"message": err.message() if hasattr(err, "message") else str(err),
+            "code": err.code() if hasattr(err, "code") else 1}
+
+
+def params_json(response):
+    """A response's parameters as an object, or None when it has none."""
+    text = response.parameters()
+    return json.loads(text) if text not in ("", "{}") else None
 
 
 def params_text(params):
@@ -345,10 +358,7 @@ class Stub:
             if resp is None:
                 out.append([meta, {"message": "execute() returned None for this request", "code": 1}, None])
                 continue
-            err, params = resp.error(), resp.parameters()
-            error = None if err is None else {"message": err.message() if hasattr(err, "message") else str(err),
-                                              "code": err.code() if hasattr(err, "code") else 1}
-            out.append([meta, error, json.loads(params) if params not in ("", "{}") else None])
+            out.append([meta, error_json(resp), params_json(resp)])
         return {"region": [self.outputs.name, self.outputs.size], "responses": out}
 
     def finalize(self, msg):
