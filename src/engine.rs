@@ -12,6 +12,7 @@ use std::{
 use crate::{
     admission::Admission,
     cache::{self, Lookup, ResponseCache},
+    device::DeviceBytes,
     ensemble::{self, Ensemble, StepEngine, StepFuture},
     error::{Error, Result},
     model::{ModelVersion, Runner},
@@ -241,26 +242,29 @@ impl Engine {
     }
 
     /// Runs one inference request to completion.
-    pub async fn infer(&self, req: InferRequest) -> Result<InferResponse> {
+    pub async fn infer(&self, mut req: InferRequest) -> Result<InferResponse> {
         // Once a stop began, only requests that arrived before it run.
         if crate::admission::arrived_after_stop() {
             self.live()?;
         }
         let start = Instant::now();
         let (name, version) = (req.model_name.clone(), req.model_version);
-        let shm_targets: Vec<(String, ShmRef)> =
-            req.outputs.iter().filter_map(|o| Some((o.name.clone(), o.shm.clone()?))).collect();
         let model = self.registry.resolve(&name, version)?;
         if model.config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
             return Err(Error::unsupported(format!(
                 "model '{name}' is decoupled (0..n responses per request): send its requests on a stream"
             )));
         }
+        // CUDA shared memory stays on the GPU for a model whose instances all run there, unless
+        // the response cache (which keys and keeps bytes) or the sequence batcher needs them.
+        let direct = model.device_io && self.cache_for(&model).is_none() && model.sequences.is_none();
+        host_inputs(&mut req, direct)?;
+        let (shm_targets, device_outputs) = self.output_targets(&model, &req, direct)?;
         // Lives until the reply is ready; the scheduler hangs the queue and compute spans on it.
         let span = self.trace_span(&req, model.version);
         let cache = self.cache_for(&model).map(|c| (c, cache::key(&name, model.version, &model.content, &req)));
         let validated = match validate(&name, &model.schema, req) {
-            Ok(v) => ValidatedRequest { span: span.clone(), ..v },
+            Ok(v) => ValidatedRequest { span: span.clone(), device_outputs, ..v },
             Err(e) => {
                 model.stats.record_failure(start.elapsed(), e.origin());
                 return Err(e);
@@ -439,6 +443,32 @@ impl Engine {
         })
     }
 
+    /// Where the outputs asked for in shared memory go: written by the engine once the reply is
+    /// ready, or (`direct`, CUDA regions) handed to the scheduler to write on the GPU, by schema
+    /// output index.
+    fn output_targets(
+        &self,
+        model: &ModelVersion,
+        req: &InferRequest,
+        direct: bool,
+    ) -> Result<(HostTargets, Vec<(usize, DeviceBytes)>)> {
+        let (mut host, mut device) = (Vec::new(), Vec::new());
+        for o in &req.outputs {
+            let Some(target) = &o.shm else { continue };
+            let on_gpu = match (direct, model.schema.output_index(&o.name)) {
+                (true, Some(index)) => {
+                    self.shm().device_range(&target.region, target.offset, target.byte_size)?.map(|d| (index, d))
+                }
+                _ => None,
+            };
+            match on_gpu {
+                Some(d) => device.push(d),
+                None => host.push((o.name.clone(), target.clone())),
+            }
+        }
+        Ok((host, device))
+    }
+
     /// Writes the outputs asked for in shared memory there; the reply then carries them empty.
     fn write_shm_outputs(&self, targets: &[(String, ShmRef)], resp: &mut InferResponse) -> Result<()> {
         for (name, target) in targets {
@@ -449,6 +479,22 @@ impl Engine {
         }
         Ok(())
     }
+}
+
+/// Outputs the engine writes into shared memory once the reply is ready, by name.
+type HostTargets = Vec<(String, ShmRef)>;
+
+/// Inputs a front-end left on a GPU (CUDA shared memory) stay there only for a model that takes
+/// them so (`keep`), and only fixed-size ones other than BOOL (BYTES are parsed and BOOL values
+/// checked on the host); the rest are copied to the host here, once.
+pub(crate) fn host_inputs(req: &mut InferRequest, keep: bool) -> Result<()> {
+    for t in &mut req.inputs {
+        let stays = keep && t.datatype.size().is_some() && t.datatype != DataType::Bool;
+        if !stays && let Some(device) = t.device.take() {
+            t.data = device.to_host()?;
+        }
+    }
+    Ok(())
 }
 
 impl StepEngine for Engine {
@@ -479,5 +525,34 @@ impl crate::backend::Host for Engine {
 
     fn ready(&self, name: &str, version: Option<u64>) -> bool {
         self.model_ready(name, version).is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::{device::HostMemory, request::InputTensor};
+
+    #[test]
+    fn gpu_inputs_stay_only_where_the_model_takes_them() {
+        let memory = HostMemory::new(0, (0u8..16).collect());
+        let on_gpu = |datatype, len| InputTensor {
+            device: Some(memory.range(0, len)),
+            ..InputTensor::host("x", datatype, vec![1], Bytes::new())
+        };
+        let mut req = InferRequest {
+            inputs: vec![on_gpu(DataType::Fp32, 4), on_gpu(DataType::Bool, 1), on_gpu(DataType::Bytes, 8)],
+            ..Default::default()
+        };
+        host_inputs(&mut req, true).unwrap();
+        assert!(req.inputs[0].device.is_some() && req.inputs[0].data.is_empty(), "FP32 stays on the GPU");
+        for t in &req.inputs[1..] {
+            assert!(t.device.is_none() && t.data.len() == t.byte_len(), "{:?} is copied to the host", t.datatype);
+        }
+        host_inputs(&mut req, false).unwrap();
+        assert_eq!(req.inputs[0].data, Bytes::from_static(&[0, 1, 2, 3]));
+        assert!(req.inputs[0].device.is_none());
     }
 }

@@ -11,6 +11,7 @@ pub mod backend;
 pub mod cache;
 pub mod classify;
 pub mod config;
+pub mod device;
 pub mod engine;
 pub mod ensemble;
 pub mod error;

@@ -129,6 +129,9 @@ pub struct ModelVersion {
     /// The sequence batcher of a `sequence_batching` model (slots, implicit state).
     pub sequences: Option<Arc<crate::scheduler::sequence::Sequences>>,
     pub stats: Arc<Stats>,
+    /// Every instance reads and writes GPU memory directly (CUDA shared-memory inputs and
+    /// outputs stay on the device).
+    pub device_io: bool,
     /// A digest of what the version computes with (its files and effective config), for the
     /// response cache's keys; empty when the cache does not serve it.
     pub content: String,

@@ -4,7 +4,10 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
-use crate::tensor::{DataType, Tensor};
+use crate::{
+    device::DeviceBytes,
+    tensor::{DataType, Tensor},
+};
 
 /// A request parameter value (the union of what HTTP JSON and gRPC InferParameter can carry).
 #[derive(Debug, Clone, PartialEq)]
@@ -35,6 +38,21 @@ pub struct InputTensor {
     pub datatype: DataType,
     pub shape: Vec<i64>,
     pub data: Bytes,
+    /// An input in a CUDA shared-memory region: its bytes, left on the GPU (`data` is then
+    /// empty until the engine copies them to the host for a model that needs them there).
+    pub device: Option<DeviceBytes>,
+}
+
+impl InputTensor {
+    /// An input whose bytes are in host memory.
+    pub fn host(name: impl Into<String>, datatype: DataType, shape: Vec<i64>, data: Bytes) -> Self {
+        InputTensor { name: name.into(), datatype, shape, data, device: None }
+    }
+
+    /// Its size in bytes, wherever they are.
+    pub fn byte_len(&self) -> usize {
+        self.device.as_ref().map_or(self.data.len(), DeviceBytes::len)
+    }
 }
 
 /// A place in a registered shared memory region (the shared-memory extension).

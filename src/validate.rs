@@ -3,6 +3,7 @@
 use bytes::Bytes;
 
 use crate::{
+    device::DeviceBytes,
     error::{Error, Result},
     model::{Schema, TensorSpec},
     request::{InferRequest, InputTensor, Parameters},
@@ -14,6 +15,19 @@ use crate::{
 pub struct ModelTensor {
     pub shape: Vec<i64>,
     pub data: Bytes,
+    /// The bytes left on a GPU (a CUDA shared-memory input; `data` is then empty).
+    pub device: Option<DeviceBytes>,
+}
+
+impl ModelTensor {
+    pub fn host(shape: Vec<i64>, data: Bytes) -> Self {
+        ModelTensor { shape, data, device: None }
+    }
+
+    /// Its size in bytes, wherever they are.
+    pub fn byte_len(&self) -> usize {
+        self.device.as_ref().map_or(self.data.len(), DeviceBytes::len)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +59,9 @@ pub struct ValidatedRequest {
     pub span: tracing::Span,
     /// A decoupled model's responses go here (None: one reply through the scheduler).
     pub stream: Option<crate::request::StreamTx>,
+    /// Outputs to write straight into GPU memory (CUDA shared memory), by schema output index;
+    /// the reply carries them empty. Set by the engine for models whose instances run on a GPU.
+    pub device_outputs: Vec<(usize, DeviceBytes)>,
 }
 
 pub fn validate(model: &str, schema: &Schema, req: InferRequest) -> Result<ValidatedRequest> {
@@ -84,6 +101,7 @@ pub fn validate(model: &str, schema: &Schema, req: InferRequest) -> Result<Valid
         timeout_us,
         span: tracing::Span::none(),
         stream: None,
+        device_outputs: Vec::new(),
     })
 }
 
@@ -214,7 +232,7 @@ fn check_input(model: &str, schema: &Schema, spec: &TensorSpec, t: InputTensor) 
         Some(reshape) => model_shape(schema.batching().then(|| t.shape[0]), item, &spec.dims, reshape),
         None => t.shape,
     };
-    Ok(ModelTensor { shape, data: t.data })
+    Ok(ModelTensor { shape, data: t.data, device: t.device })
 }
 
 fn check_byte_size(model: &str, t: &InputTensor, utf8: bool) -> Result<()> {
@@ -224,11 +242,11 @@ fn check_byte_size(model: &str, t: &InputTensor, utf8: bool) -> Result<()> {
     match t.datatype.size() {
         Some(size) => {
             let expected = count.saturating_mul(size);
-            if expected != t.data.len() {
+            if expected != t.byte_len() {
                 return Err(Error::invalid(format!(
                     "input byte size mismatch for input '{}' for model '{model}'. Expected {expected}, got {}",
                     t.name,
-                    t.data.len()
+                    t.byte_len()
                 )));
             }
         }

@@ -8,6 +8,7 @@ use std::{
 };
 
 use crate::{
+    device::DeviceBytes,
     error::{Error, Result},
     proto::inference::ModelConfig,
     request::{InferRequest, InferResponse, Parameters},
@@ -27,6 +28,27 @@ pub struct BackendInput<'a> {
     pub datatype: DataType,
     pub shape: &'a [i64],
     pub data: &'a [u8],
+    /// For an instance with device I/O (`device_io`): the input's pieces in the GPU's memory,
+    /// in row order (`data` is then empty). Empty: the bytes are `data`.
+    pub device: &'a [DeviceBytes],
+}
+
+/// Rows of a batch output that one request wants written into GPU memory.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceTarget<'a> {
+    /// Index into the batch's outputs (as named to `execute_device`).
+    pub output: usize,
+    pub first_row: usize,
+    pub rows: usize,
+    pub to: &'a DeviceBytes,
+}
+
+/// A batch's outputs from `execute_device`: `written[i]` says output `i` went to its targets
+/// (each target its rows, where they fit) and comes back with its shape but no bytes.
+#[derive(Debug, Default)]
+pub struct Executed {
+    pub outputs: Vec<Tensor>,
+    pub written: Vec<bool>,
 }
 
 /// An input or output as the model file declares it. `datatype` is None for types that have no
@@ -107,6 +129,25 @@ pub trait ModelInstance: Send {
     /// the statistics count as compute_input rather than compute_infer.
     fn copy_in_time(&self) -> Option<std::time::Duration> {
         None
+    }
+
+    /// The GPU whose memory this instance reads inputs from and writes outputs to directly
+    /// (CUDA shared memory without a pass through the host); None: host memory only.
+    fn device_io(&self) -> Option<i32> {
+        None
+    }
+
+    /// As `execute`, for an instance with device I/O: inputs may be in GPU memory, and outputs
+    /// whose `targets` it can write on the device come back `written`. A target whose rows do
+    /// not fit it is left alone (the scheduler fails that request).
+    fn execute_device(
+        &mut self,
+        inputs: &[BackendInput<'_>],
+        outputs: &[&str],
+        _targets: &[DeviceTarget<'_>],
+    ) -> Result<Executed> {
+        let outputs = self.execute(inputs, outputs)?;
+        Ok(Executed { written: vec![false; outputs.len()], outputs })
     }
 
     /// Whether batches reach this instance as separate requests (`execute_each`).

@@ -12,8 +12,8 @@ fn request(data: &[u8], shape: Vec<i64>, datatype: DataType) -> InferRequest {
     InferRequest {
         model_name: "m".into(),
         inputs: vec![
-            InputTensor { name: "B".into(), datatype, shape: shape.clone(), data: Bytes::copy_from_slice(data) },
-            InputTensor { name: "A".into(), datatype, shape, data: Bytes::copy_from_slice(data) },
+            InputTensor::host("B", datatype, shape.clone(), Bytes::copy_from_slice(data)),
+            InputTensor::host("A", datatype, shape, Bytes::copy_from_slice(data)),
         ],
         ..Default::default()
     }

@@ -47,6 +47,8 @@ impl Engine {
             return Err(Error::unsupported(format!("model '{}' cannot stream", model.name)));
         };
         let (tx, mut responses) = mpsc::unbounded_channel::<Result<Streamed>>();
+        let mut req = req;
+        super::host_inputs(&mut req, false)?;
         let validated = match validate(&model.name, &model.schema, req) {
             Ok(v) => ValidatedRequest { stream: Some(StreamTx(tx)), ..v },
             Err(e) => {

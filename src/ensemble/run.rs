@@ -60,12 +60,7 @@ pub async fn run(
                     .iter()
                     .filter_map(|(input, tensor)| {
                         let t = pool.get(tensor)?;
-                        Some(InputTensor {
-                            name: input.clone(),
-                            datatype: t.datatype,
-                            shape: t.shape.clone(),
-                            data: t.data.clone(),
-                        })
+                        Some(InputTensor::host(input.clone(), t.datatype, t.shape.clone(), t.data.clone()))
                     })
                     .collect(),
                 outputs: step

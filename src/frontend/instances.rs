@@ -213,7 +213,7 @@ pub fn requests(
             let (item, data) = input_tensor(spec, values, batching)?;
             let mut shape = if batching { vec![part.len() as i64] } else { Vec::new() };
             shape.extend(item);
-            tensors.push(InputTensor { name: spec.name.clone(), datatype: spec.datatype, shape, data });
+            tensors.push(InputTensor::host(spec.name.clone(), spec.datatype, shape, data));
         }
         let request = InferRequest {
             model_name: model.to_string(),

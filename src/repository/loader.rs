@@ -268,6 +268,7 @@ fn load_version(
             load_instance(&*backend, &path, &config, (device, i), threads)
         })
     };
+    let device_io = instances.iter().all(|i| i.device_io().is_some());
     let scheduler = Scheduler::start(ctx, policy, instances, Some(rebuild)).map_err(|e| e.to_string())?;
     let caches = options.content_digests && p.config.response_cache.as_ref().is_some_and(|c| c.enable);
     let content =
@@ -280,6 +281,7 @@ fn load_version(
         runner: Runner::Scheduler(scheduler),
         sequences: plan.map(sequence::Sequences::new),
         stats,
+        device_io,
         content,
     })
 }
@@ -306,6 +308,7 @@ fn load_ensemble(
         runner: Runner::Ensemble(Arc::new(ensemble)),
         sequences: None,
         stats: Arc::new(Stats::new(options.recent_stats, options.histogram.clone())),
+        device_io: false,
         content,
     })
 }

@@ -58,7 +58,13 @@ impl Samples {
         for (name, count, inputs) in &self.0 {
             let batch: Vec<BackendInput<'_>> = inputs
                 .iter()
-                .map(|i| BackendInput { name: &i.name, datatype: i.datatype, shape: &i.shape, data: &i.data })
+                .map(|i| BackendInput {
+                    name: &i.name,
+                    datatype: i.datatype,
+                    shape: &i.shape,
+                    data: &i.data,
+                    device: &[],
+                })
                 .collect();
             for _ in 0..*count {
                 instance.execute(&batch, outputs).map_err(|e| format!("failed to run warmup sample '{name}': {e}"))?;

@@ -6,20 +6,24 @@ use bytes::Bytes;
 
 use super::{Job, ModelContext, Responder};
 use crate::{
-    backend::{BackendInput, BackendRequest, ModelInstance},
+    backend::{BackendInput, BackendRequest, DeviceTarget, ModelInstance},
     classify::classify,
+    device::DeviceBytes,
     error::{Error, Origin, Result},
     model::{Schema, TensorSpec},
     request::InferResponse,
     stats::PhaseTimes,
     telemetry::otel,
     tensor::{DataType, Tensor, bytes_element_offsets, element_count},
+    validate::ModelTensor,
 };
 
-/// A batch input: the request's own bytes, or rows gathered into one 8-byte-aligned buffer.
+/// A batch input: the request's own bytes, rows gathered into one 8-byte-aligned buffer, or
+/// each request's piece of GPU memory (for an instance with device I/O on that GPU).
 enum Buffer {
     Shared(Bytes),
     Gathered(Vec<u64>, usize),
+    Device(Vec<DeviceBytes>),
 }
 
 impl Buffer {
@@ -27,6 +31,14 @@ impl Buffer {
         match self {
             Buffer::Shared(b) => b,
             Buffer::Gathered(words, len) => &bytemuck::cast_slice(words)[..*len],
+            Buffer::Device(_) => &[],
+        }
+    }
+
+    fn device(&self) -> &[DeviceBytes] {
+        match self {
+            Buffer::Device(pieces) => pieces,
+            _ => &[],
         }
     }
 }
@@ -42,7 +54,15 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
     let schema = &ctx.schema;
     let rows: usize = jobs.iter().map(|j| j.req.rows).sum();
     let wanted = wanted_outputs(&jobs);
-    let assembled = assemble(schema, &jobs, rows);
+    let assembled = match assemble(schema, &jobs, rows, instance.device_io()) {
+        Ok(assembled) => assembled,
+        Err(e) => {
+            for job in jobs {
+                responder.send(job.seq, job.reply, Err(e.clone()));
+            }
+            return;
+        }
+    };
     let inputs: Vec<BackendInput<'_>> = assembled
         .iter()
         .map(|(i, shape, buf)| BackendInput {
@@ -50,19 +70,26 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
             datatype: schema.inputs[*i].datatype,
             shape,
             data: buf.bytes(),
+            device: buf.device(),
         })
         .collect();
     let names: Vec<&str> = wanted.iter().map(|&i| schema.outputs[i].name.as_str()).collect();
+    let targets = device_targets(&jobs, &wanted);
     let input_done = Instant::now();
     let compute = otel::compute_span(jobs.iter().map(|j| &j.req.span), rows);
-    let result = compute.in_scope(|| instance.execute(&inputs, &names).map_err(|e| e.with_origin(Origin::Backend)));
+    let result = compute
+        .in_scope(|| instance.execute_device(&inputs, &names, &targets).map_err(|e| e.with_origin(Origin::Backend)));
     drop(compute);
     let infer_done = Instant::now();
     let copied = instance.copy_in_time();
+    drop(targets);
     drop(inputs);
     drop(assembled);
-    let outputs = match result.and_then(|outs| check_outputs(ctx, &wanted, outs, rows)) {
-        Ok(outs) => outs,
+    let (outputs, written) = match result.and_then(|done| {
+        let written = done.written;
+        check_outputs(ctx, &wanted, done.outputs, rows).map(|outs| (outs, written))
+    }) {
+        Ok(done) => done,
         Err(e) => {
             tracing::debug!(model = %ctx.name, version = ctx.version, error = %e, "batch failed");
             for job in jobs {
@@ -76,7 +103,7 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
         .into_iter()
         .map(|job| {
             let _span = otel::response_span(&job.req.span).entered();
-            let response = respond(ctx, &job, &wanted, &outputs, offset, rows);
+            let response = respond(ctx, &job, (&wanted, &written), &outputs, offset, rows);
             offset += job.req.rows;
             (job, response)
         })
@@ -118,7 +145,13 @@ fn run_each(
                 .filter_map(|(i, t)| {
                     let t = t.as_ref()?;
                     let spec = &schema.inputs[i];
-                    Some(BackendInput { name: &spec.name, datatype: spec.datatype, shape: &t.shape, data: &t.data })
+                    Some(BackendInput {
+                        name: &spec.name,
+                        datatype: spec.datatype,
+                        shape: &t.shape,
+                        data: &t.data,
+                        device: t.device.as_slice(),
+                    })
                 })
                 .collect(),
             outputs: j.req.outputs.iter().map(|o| schema.outputs[o.index].name.as_str()).collect(),
@@ -188,6 +221,7 @@ fn respond_one(ctx: &ModelContext, job: &Job, mut outs: Vec<Tensor>) -> Result<I
                 )));
             }
             t.shape = client_shape(spec, schema.batching(), &t.shape);
+            to_device(job, o.index, &mut t, false)?;
             match o.classification {
                 Some(k) => classify(&t, schema.batching(), k as usize, &spec.labels),
                 None => Ok(t),
@@ -211,36 +245,89 @@ fn wanted_outputs(jobs: &[Job]) -> Vec<usize> {
     wanted
 }
 
-fn assemble(schema: &Schema, jobs: &[Job], rows: usize) -> Vec<(usize, Vec<i64>, Buffer)> {
-    let first = &jobs[0].req;
-    (0..schema.inputs.len())
-        .filter_map(|i| {
-            let head = first.inputs[i].as_ref()?;
-            let ragged = schema.inputs[i].allow_ragged_batch;
-            // A ragged input reaches the model as one flat tensor of every request's elements.
-            let flat = |count: usize| vec![count as i64];
-            if jobs.len() == 1 {
-                let shape = if ragged { flat(element_count(&head.shape).unwrap_or(0)) } else { head.shape.clone() };
-                return Some((i, shape, Buffer::Shared(head.data.clone())));
+/// Each request's rows of the outputs that every request of the batch wants in GPU memory
+/// (an output only some want there goes through the host, and is copied there per request).
+fn device_targets<'a>(jobs: &'a [Job], wanted: &[usize]) -> Vec<DeviceTarget<'a>> {
+    let mut targets = Vec::new();
+    for (output, index) in wanted.iter().enumerate() {
+        let all = jobs.iter().all(|j| j.req.device_outputs.iter().any(|(i, _)| i == index));
+        if !all {
+            continue;
+        }
+        let mut first_row = 0;
+        for job in jobs {
+            if let Some((_, to)) = job.req.device_outputs.iter().find(|(i, _)| i == index) {
+                targets.push(DeviceTarget { output, first_row, rows: job.req.rows, to });
             }
-            let len: usize = jobs.iter().filter_map(|j| j.req.inputs[i].as_ref()).map(|t| t.data.len()).sum();
+            first_row += job.req.rows;
+        }
+    }
+    targets
+}
+
+/// A request's output that it wants in GPU memory goes there: the instance wrote it already
+/// (`written`), or its bytes are copied there now. The reply then carries it empty.
+fn to_device(job: &Job, index: usize, t: &mut Tensor, written: bool) -> Result<()> {
+    let Some((_, to)) = job.req.device_outputs.iter().find(|(i, _)| *i == index) else {
+        return Ok(());
+    };
+    let needed = match t.datatype.size() {
+        Some(size) => element_count(&t.shape).unwrap_or(0) * size,
+        None => t.data.len(),
+    };
+    if needed > to.len() {
+        return Err(crate::device::too_small(&t.name, to.len(), needed));
+    }
+    if !written {
+        to.write(&t.data)?;
+    }
+    t.data = Bytes::new();
+    Ok(())
+}
+
+/// The batch's inputs. Pieces in GPU memory stay there when every request's piece is on the
+/// instance's own GPU; otherwise they are copied into the host buffer with the rest.
+fn assemble(schema: &Schema, jobs: &[Job], rows: usize, gpu: Option<i32>) -> Result<Vec<(usize, Vec<i64>, Buffer)>> {
+    let first = &jobs[0].req;
+    let mut assembled = Vec::with_capacity(schema.inputs.len());
+    for i in 0..schema.inputs.len() {
+        let Some(head) = first.inputs[i].as_ref() else { continue };
+        let pieces = || jobs.iter().filter_map(|j| j.req.inputs[i].as_ref());
+        let ragged = schema.inputs[i].allow_ragged_batch;
+        // A ragged input reaches the model as one flat tensor of every request's elements.
+        let flat = |count: usize| vec![count as i64];
+        let shape = if ragged {
+            flat(pieces().filter_map(|t| element_count(&t.shape)).sum())
+        } else if jobs.len() == 1 {
+            head.shape.clone()
+        } else {
+            let mut shape = head.shape.clone();
+            shape[0] = rows as i64;
+            shape
+        };
+        let on_gpu = |t: &ModelTensor| t.device.as_ref().is_some_and(|d| Some(d.gpu()) == gpu);
+        let buffer = if head.device.is_some() && pieces().all(on_gpu) {
+            Buffer::Device(pieces().filter_map(|t| t.device.clone()).collect())
+        } else if jobs.len() == 1 && head.device.is_none() {
+            Buffer::Shared(head.data.clone())
+        } else {
+            let len: usize = pieces().map(ModelTensor::byte_len).sum();
             let mut words = vec![0u64; len.div_ceil(8)];
             let bytes: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
             let mut at = 0;
-            for t in jobs.iter().filter_map(|j| j.req.inputs[i].as_ref()) {
-                bytes[at..at + t.data.len()].copy_from_slice(&t.data);
-                at += t.data.len();
+            for t in pieces() {
+                let piece = &mut bytes[at..at + t.byte_len()];
+                match &t.device {
+                    Some(device) => device.read_into(piece)?,
+                    None => piece.copy_from_slice(&t.data),
+                }
+                at += t.byte_len();
             }
-            let shape = if ragged {
-                flat(jobs.iter().filter_map(|j| j.req.inputs[i].as_ref()).filter_map(|t| element_count(&t.shape)).sum())
-            } else {
-                let mut shape = head.shape.clone();
-                shape[0] = rows as i64;
-                shape
-            };
-            Some((i, shape, Buffer::Gathered(words, len)))
-        })
-        .collect()
+            Buffer::Gathered(words, len)
+        };
+        assembled.push((i, shape, buffer));
+    }
+    Ok(assembled)
 }
 
 /// Checks what the backend returned against the config, and maps them by schema index.
@@ -277,7 +364,7 @@ fn check_outputs(ctx: &ModelContext, wanted: &[usize], outs: Vec<Tensor>, rows: 
 fn respond(
     ctx: &ModelContext,
     job: &Job,
-    wanted: &[usize],
+    (wanted, written): (&[usize], &[bool]),
     outs: &[Tensor],
     offset: usize,
     rows: usize,
@@ -288,7 +375,8 @@ fn respond(
         .outputs
         .iter()
         .map(|o| {
-            let t = &outs[wanted.binary_search(&o.index).expect("every requested output was run")];
+            let at = wanted.binary_search(&o.index).expect("every requested output was run");
+            let t = &outs[at];
             let spec = &schema.outputs[o.index];
             let mut part = if schema.batching() && rows != job.req.rows {
                 slice_rows(t, offset, job.req.rows, rows)?
@@ -296,6 +384,7 @@ fn respond(
                 t.clone()
             };
             part.shape = client_shape(spec, schema.batching(), &part.shape);
+            to_device(job, o.index, &mut part, written.get(at).copied().unwrap_or(false))?;
             match o.classification {
                 Some(k) => classify(&part, schema.batching(), k as usize, &spec.labels),
                 None => Ok(part),

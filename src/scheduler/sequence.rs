@@ -282,7 +282,7 @@ impl Sequences {
         let first = req.inputs.len();
         req.inputs.resize(first + total, None);
         for (s, data) in self.plan.states.iter().zip(states) {
-            req.inputs[s.input] = Some(ModelTensor { shape: s.shape.clone(), data });
+            req.inputs[s.input] = Some(ModelTensor::host(s.shape.clone(), data));
         }
         for c in &self.plan.controls {
             let data = match c.kind {
@@ -291,7 +291,7 @@ impl Sequences {
                 Kind::ControlSequenceReady => c.values[1].clone(),
                 Kind::ControlSequenceCorrid => corrid_bytes(&f.id, c.datatype),
             };
-            req.inputs[c.input] = Some(ModelTensor { shape: c.shape.clone(), data });
+            req.inputs[c.input] = Some(ModelTensor::host(c.shape.clone(), data));
         }
         let skip = usize::from(self.plan.batching);
         for t in req.inputs[first..].iter().flatten() {

@@ -61,13 +61,14 @@ fn request(v: i32) -> ValidatedRequest {
         id: v.to_string(),
         parameters: Default::default(),
         rows: 1,
-        inputs: vec![Some(ModelTensor { shape: vec![1, 2], data: Bytes::from(data) })],
+        inputs: vec![Some(ModelTensor::host(vec![1, 2], Bytes::from(data)))],
         outputs: vec![OutputRequest { index: 0, classification: None }],
         batch_key: vec![2],
         priority: 0,
         timeout_us: None,
         span: tracing::Span::none(),
         stream: None,
+        device_outputs: Vec::new(),
     }
 }
 
@@ -266,4 +267,42 @@ async fn the_reaper_ends_with_its_version_even_with_requests_queued_without_dead
     for r in replies {
         assert!(r.await.unwrap().is_ok());
     }
+}
+
+/// Inputs and outputs in GPU memory (host memory standing in) reach an instance without device
+/// I/O through the host: the pieces gathered into the batch, each output copied into its
+/// request's range and the reply carrying it empty; a range too small fails only its request.
+#[tokio::test]
+async fn gpu_memory_passes_through_the_host_for_a_host_instance() {
+    use crate::device::{DeviceMemory, HostMemory};
+    let memory = HostMemory::new(0, vec![0u8; 64]);
+    let policy =
+        BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: Duration::from_millis(50) };
+    let (s, _) = scheduler(policy, 1, Duration::ZERO);
+    let replies: Vec<_> = (0..3)
+        .map(|v| {
+            let mut r = request(v);
+            let input = r.inputs[0].as_mut().unwrap();
+            memory.write(v as u64 * 8, &std::mem::take(&mut input.data)).unwrap();
+            input.device = Some(memory.range(v as u64 * 8, 8));
+            let room = if v == 2 { 4 } else { 8 };
+            r.device_outputs = vec![(0, memory.range(32 + v as u64 * 8, room))];
+            s.submit(r).ok().unwrap()
+        })
+        .collect();
+    let mut results = Vec::new();
+    for reply in replies {
+        results.push(reply.await.unwrap());
+    }
+    for (v, result) in results.iter().take(2).enumerate() {
+        let out = &result.as_ref().unwrap().outputs[0];
+        assert!(out.data.is_empty() && out.shape == vec![1, 2], "{out:?}");
+        let at = 32 + v * 8;
+        let written: Vec<i32> =
+            memory.snapshot()[at..at + 8].chunks_exact(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+        assert_eq!(written, vec![2 * v as i32, 2 * v as i32 + 2]);
+    }
+    let e = results[2].as_ref().unwrap_err();
+    assert!(e.message().contains("(4 bytes) should be at least 8 bytes"), "{e}");
+    assert_eq!(memory.snapshot()[48..52], [0; 4], "nothing is written where it does not fit");
 }

@@ -1,13 +1,16 @@
 //! CUDA shared memory regions (the CUDA shared-memory extension): a client's `cudaIpcMemHandle_t`
-//! opened on its device through the CUDA driver (cudarc). An input held in a region is copied from
-//! the device once, an output copied into it once; the handle stays open while any request uses
-//! the region, so unregistering one in use closes it when the last such request ends.
+//! opened on its device through the CUDA driver (cudarc). A GPU instance reads inputs from it and
+//! writes outputs into it device to device; anything else copies to or from the host once. The
+//! handle stays open while any request uses the region, so unregistering one in use closes it when
+//! the last such request ends.
 use std::sync::Arc;
 
-use bytes::Bytes;
-use cudarc::driver::{CudaContext, sys};
+use cudarc::driver::{CudaContext, CudaStream, sys};
 
-use crate::error::{Error, Result};
+use crate::{
+    device::DeviceMemory,
+    error::{Error, Result},
+};
 
 /// A `cudaIpcMemHandle_t`'s size.
 pub const HANDLE_BYTES: usize = 64;
@@ -16,6 +19,9 @@ pub struct CudaRegion {
     pub device_id: i64,
     pub byte_size: u64,
     context: Arc<CudaContext>,
+    /// Copies between device addresses go here (a non-blocking stream: other work on the GPU,
+    /// another instance's inference included, is neither waited for nor held up).
+    stream: Arc<CudaStream>,
     pointer: sys::CUdeviceptr,
 }
 
@@ -46,6 +52,9 @@ impl CudaRegion {
         let context = CudaContext::new(device as usize)
             .map_err(|e| Error::internal(format!("CUDA shared memory: cannot use GPU {device}: {e}")))?;
         context.bind_to_thread().map_err(|e| Error::internal(format!("CUDA shared memory: GPU {device}: {e}")))?;
+        let stream = context
+            .new_stream()
+            .map_err(|e| Error::internal(format!("CUDA shared memory: GPU {device}: cannot make a stream: {e}")))?;
         let mut raw = sys::CUipcMemHandle { reserved: [0; HANDLE_BYTES] };
         for (to, from) in raw.reserved.iter_mut().zip(handle) {
             *to = *from as std::ffi::c_char;
@@ -63,7 +72,7 @@ impl CudaRegion {
             Error::invalid(format!("failed to register CUDA shared memory region: '{name}': {}", e.message()))
         })?;
         // Closed on drop from here on, whatever fails next.
-        let region = CudaRegion { device_id, byte_size, context, pointer };
+        let region = CudaRegion { device_id, byte_size, context, stream, pointer };
         // The size is the client's word: it must fit in the allocation the handle opened, so no
         // later copy reaches past it.
         let (mut base, mut size): (sys::CUdeviceptr, usize) = (0, 0);
@@ -78,22 +87,47 @@ impl CudaRegion {
         Ok(region)
     }
 
-    /// A host copy of `[offset, offset + size)` (bounds checked by the caller).
-    pub fn read(&self, offset: u64, size: u64) -> Result<Bytes> {
-        self.context.bind_to_thread().map_err(|e| Error::internal(e.to_string()))?;
-        let mut data = vec![0u8; size as usize];
-        // SAFETY: `data` holds `size` bytes; the range lies inside the opened allocation.
-        driver("cuMemcpyDtoH", unsafe {
-            sys::cuMemcpyDtoH_v2(data.as_mut_ptr().cast(), self.pointer + offset, data.len())
-        })?;
-        Ok(Bytes::from(data))
+    fn bind(&self) -> Result<()> {
+        self.context.bind_to_thread().map_err(|e| Error::internal(format!("CUDA shared memory: {e}")))
     }
 
-    /// Copies `data` to `offset` (bounds checked by the caller).
-    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
-        self.context.bind_to_thread().map_err(|e| Error::internal(e.to_string()))?;
+    /// Copies `len` bytes between device addresses on the region's stream, and waits for it.
+    fn device_copy(&self, to: sys::CUdeviceptr, from: sys::CUdeviceptr, len: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the callers vouch for both ranges (one inside the opened allocation, the other
+        // the instance's own device tensor).
+        driver("cuMemcpyDtoDAsync", unsafe { sys::cuMemcpyDtoDAsync_v2(to, from, len, self.stream.cu_stream()) })?;
+        self.stream.synchronize().map_err(|e| Error::internal(format!("CUDA shared memory: synchronize: {e}")))
+    }
+}
+
+/// Offsets and lengths are checked by the callers (`SharedMemory` checks every range against the
+/// registered size, which fits in the allocation).
+impl DeviceMemory for CudaRegion {
+    fn gpu(&self) -> i32 {
+        self.device_id as i32
+    }
+
+    fn read(&self, offset: u64, out: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: `out` holds `out.len()` bytes; the range lies inside the opened allocation.
+        driver("cuMemcpyDtoH", unsafe {
+            sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.pointer + offset, out.len())
+        })
+    }
+
+    fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.bind()?;
         // SAFETY: `data` is readable for its length; the range lies inside the opened allocation.
         driver("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(self.pointer + offset, data.as_ptr().cast(), data.len()) })
+    }
+
+    unsafe fn copy_to(&self, offset: u64, to: u64, len: usize) -> Result<()> {
+        self.device_copy(to, self.pointer + offset, len)
+    }
+
+    unsafe fn copy_from(&self, offset: u64, from: u64, len: usize) -> Result<()> {
+        self.device_copy(self.pointer + offset, from, len)
     }
 }
 

@@ -17,7 +17,10 @@ use std::{
 
 use bytes::Bytes;
 
-use crate::error::{Error, ErrorKind, Result};
+use crate::{
+    device::{DeviceBytes, DeviceMemory},
+    error::{Error, ErrorKind, Result},
+};
 
 mod cuda;
 use cuda::CudaRegion;
@@ -229,11 +232,34 @@ impl SharedMemory {
         Ok(Located::Cuda(Arc::clone(r), offset))
     }
 
+    /// An input held in a region: a system region's bytes are copied out (empty device part); a
+    /// CUDA region's stay on the GPU (empty host bytes), for the engine to hand to a GPU instance
+    /// or copy to the host.
+    pub fn read_input(&self, name: &str, offset: u64, size: u64) -> Result<(Bytes, Option<DeviceBytes>)> {
+        match self.device_range(name, offset, size)? {
+            Some(device) => Ok((Bytes::new(), Some(device))),
+            None => Ok((self.read(name, offset, size)?, None)),
+        }
+    }
+
+    /// The range of a CUDA region (None: the region is system shared memory).
+    pub fn device_range(&self, name: &str, offset: u64, size: u64) -> Result<Option<DeviceBytes>> {
+        let len = usize::try_from(size).map_err(|_| Error::invalid(format!("byte size {size} is too large")))?;
+        Ok(match self.locate(name, offset, size)? {
+            Located::File(..) => None,
+            Located::Cuda(region, start) => Some(DeviceBytes::new(region, start, len)),
+        })
+    }
+
     /// A copy of the bytes of an input held in a region.
     pub fn read(&self, name: &str, offset: u64, size: u64) -> Result<Bytes> {
         let (file, start) = match self.locate(name, offset, size)? {
             Located::File(file, start) => (file, start),
-            Located::Cuda(region, start) => return region.read(start, size),
+            Located::Cuda(region, start) => {
+                let mut data = vec![0u8; size as usize];
+                region.read(start, &mut data)?;
+                return Ok(Bytes::from(data));
+            }
         };
         let mut data = vec![0u8; size as usize];
         let mut done = 0;
@@ -251,14 +277,11 @@ impl SharedMemory {
     /// Writes an output into a region; `size` is the room the client gave it.
     pub fn write(&self, name: &str, offset: u64, size: u64, output: &str, data: &[u8]) -> Result<()> {
         if (data.len() as u64) > size {
-            return Err(Error::internal(format!(
-                "shared memory size specified with the request for output '{output}' ({size} bytes) should be at least {} bytes to hold the results",
-                data.len()
-            )));
+            return Err(crate::device::too_small(output, size, data.len()));
         }
         let (file, start) = match self.locate(name, offset, size)? {
             Located::File(file, start) => (file, start),
-            Located::Cuda(region, start) => return region.write(start, data),
+            Located::Cuda(region, start) => return DeviceMemory::write(&*region, start, data),
         };
         // Writing past a shrunk end would grow the client's object again: refuse instead.
         let now = file.metadata().map(|m| m.len()).unwrap_or(0);

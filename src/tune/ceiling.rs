@@ -59,7 +59,13 @@ pub fn measure(
         let data = batched(request, batch);
         let inputs: Vec<BackendInput<'_>> = data
             .iter()
-            .map(|(name, datatype, shape, bytes)| BackendInput { name, datatype: *datatype, shape, data: bytes })
+            .map(|(name, datatype, shape, bytes)| BackendInput {
+                name,
+                datatype: *datatype,
+                shape,
+                data: bytes,
+                device: &[],
+            })
             .collect();
         instance.execute(&inputs, &outputs).map_err(|e| format!("batch {batch}: {e}"))?;
         let (start, mut times) = (Instant::now(), Vec::new());

@@ -137,7 +137,7 @@ pub fn build(
             }
             None => fill(spec.datatype, count),
         };
-        inputs.push(InputTensor { name: spec.name.clone(), datatype: spec.datatype, shape, data: Bytes::from(bytes) });
+        inputs.push(InputTensor::host(spec.name.clone(), spec.datatype, shape, Bytes::from(bytes)));
     }
     let request = InferRequest {
         model_name: model.to_string(),

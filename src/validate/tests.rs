@@ -30,7 +30,7 @@ fn simple(max_batch_size: usize) -> Schema {
 }
 
 fn input(name: &str, datatype: DataType, shape: &[i64], bytes: usize) -> InputTensor {
-    InputTensor { name: name.into(), datatype, shape: shape.to_vec(), data: Bytes::from(vec![0u8; bytes]) }
+    InputTensor::host(name, datatype, shape.to_vec(), Bytes::from(vec![0u8; bytes]))
 }
 
 fn request(inputs: Vec<InputTensor>) -> InferRequest {
@@ -134,17 +134,16 @@ fn bytes_inputs_count_elements() {
     };
     let mut data = Vec::new();
     crate::tensor::push_bytes_element(&mut data, b"hello");
-    let one =
-        InputTensor { name: "s".into(), datatype: DataType::Bytes, shape: vec![2], data: Bytes::from(data.clone()) };
+    let one = InputTensor::host("s", DataType::Bytes, vec![2], Bytes::from(data.clone()));
     let m = err(&schema, request(vec![one]));
     assert!(m.contains("holds 1 BYTES elements but its shape [2] needs 2"), "{m}");
     crate::tensor::push_bytes_element(&mut data, b"");
-    let two = InputTensor { name: "s".into(), datatype: DataType::Bytes, shape: vec![2], data: Bytes::from(data) };
+    let two = InputTensor::host("s", DataType::Bytes, vec![2], Bytes::from(data));
     assert!(validate("simple", &schema, request(vec![two])).is_ok());
     let mut bad = Vec::new();
     crate::tensor::push_bytes_element(&mut bad, b"ok");
     crate::tensor::push_bytes_element(&mut bad, &[0xff, 0xfe]);
-    let bad = InputTensor { name: "s".into(), datatype: DataType::Bytes, shape: vec![2], data: Bytes::from(bad) };
+    let bad = InputTensor::host("s", DataType::Bytes, vec![2], Bytes::from(bad));
     assert!(
         validate("simple", &schema, request(vec![bad.clone()])).is_ok(),
         "any bytes, unless the backend wants text"

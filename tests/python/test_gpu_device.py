@@ -1,12 +1,16 @@
 """On a machine with an NVIDIA GPU and onnxruntime-gpu (FERRY_ORT_GPU: the path of its
 libonnxruntime.so.*; bench/gpu_check.sh sets it): KIND_GPU instances serve what the CPU computes,
 KIND_AUTO lands on the GPU, a GPU that is not there is a load error naming those seen, and CUDA
-shared memory carries inputs and outputs. Elsewhere every test here skips with its reason."""
+shared memory carries inputs and outputs (device to device for GPU instances, batched requests
+included; through the host for CPU instances). Elsewhere every test here skips with its
+reason."""
+import concurrent.futures
 import ctypes
 import os
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 import models
@@ -109,3 +113,62 @@ def test_cuda_shared_memory_round_trip(gpu_server):
         c.unregister_cuda_shared_memory()
         cudashm.destroy_shared_memory_region(hin)
         cudashm.destroy_shared_memory_region(hout)
+
+
+def test_batched_cuda_shared_memory_stays_on_the_gpu(gpu_server):
+    """Concurrent gRPC requests, each with its own CUDA regions, batched on GPU instances (their
+    inputs gathered and outputs scattered device to device) and on a CPU instance (through the
+    host): every request gets its own sums and differences. An output some requests take in the
+    reply stays correct, and a region too small for its output fails that request alone."""
+    cudashm = pytest.importorskip("tritonclient.utils.cuda_shared_memory",
+                                  reason="tritonclient's CUDA shared memory helper needs cuda-python")
+    from tritonclient.utils import InferenceServerException
+    n, rows = 12, 2
+    size = rows * 16 * 4
+    regions = []
+    try:
+        for k in range(n):
+            a = np.arange(rows * 16, dtype=np.int32).reshape(rows, 16) * (k + 1)
+            b = np.full((rows, 16), k, dtype=np.int32)
+            hin = cudashm.create_shared_memory_region(f"bin{k}", size * 2, 0)
+            hout = cudashm.create_shared_memory_region(f"bout{k}", size * 2, 0)
+            cudashm.set_shared_memory_region(hin, [a, b])
+            regions.append((hin, hout, a, b))
+            c = gpu_server.client()
+            c.register_cuda_shared_memory(f"bin{k}", cudashm.get_raw_handle(hin), 0, size * 2)
+            c.register_cuda_shared_memory(f"bout{k}", cudashm.get_raw_handle(hout), 0, size * 2)
+
+        def one(model, k, reply_output1=False, room=size):
+            client = grpcclient.InferenceServerClient(gpu_server.grpc_url())
+            ins = []
+            for name, offset in (("INPUT0", 0), ("INPUT1", size)):
+                i = grpcclient.InferInput(name, [rows, 16], "INT32")
+                i.set_shared_memory(f"bin{k}", size, offset=offset)
+                ins.append(i)
+            outs = [grpcclient.InferRequestedOutput("OUTPUT0"), grpcclient.InferRequestedOutput("OUTPUT1")]
+            outs[0].set_shared_memory(f"bout{k}", room)
+            if not reply_output1:
+                outs[1].set_shared_memory(f"bout{k}", size, offset=size)
+            return client.infer(model, ins, outputs=outs)
+
+        for model in ("on_gpu", "on_cpu"):
+            with concurrent.futures.ThreadPoolExecutor(n) as pool:
+                replies = list(pool.map(lambda k: one(model, k, reply_output1=k % 3 == 0), range(n)))
+            for k, (hin, hout, a, b) in enumerate(regions):
+                got = cudashm.get_contents_as_numpy(hout, np.int32, [2 * rows, 16])
+                np.testing.assert_array_equal(got[:rows], a + b, err_msg=f"{model} request {k} OUTPUT0")
+                if k % 3 == 0:
+                    np.testing.assert_array_equal(replies[k].as_numpy("OUTPUT1"), a - b)
+                else:
+                    np.testing.assert_array_equal(got[rows:], a - b, err_msg=f"{model} request {k} OUTPUT1")
+                cudashm.set_shared_memory_region(hout, [np.zeros((2 * rows, 16), dtype=np.int32)])
+            with pytest.raises(InferenceServerException, match=f"should be at least {size} bytes"):
+                one(model, 0, room=size // 2)
+            np.testing.assert_array_equal(one(model, 1, reply_output1=True).as_numpy("OUTPUT1"),
+                                          regions[1][2] - regions[1][3])
+    finally:
+        c = gpu_server.client()
+        c.unregister_cuda_shared_memory()
+        for hin, hout, _, _ in regions:
+            cudashm.destroy_shared_memory_region(hin)
+            cudashm.destroy_shared_memory_region(hout)

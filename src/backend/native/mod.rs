@@ -199,10 +199,10 @@ mod tests {
     #[test]
     fn inputs_of_any_alignment_and_integer_masks_read_as_floats() {
         let raw: Vec<u8> = [0u8].iter().copied().chain(1.5f32.to_le_bytes()).chain((-2f32).to_le_bytes()).collect();
-        let input = BackendInput { name: "x", datatype: DataType::Fp32, shape: &[2], data: &raw[1..] };
+        let input = BackendInput { name: "x", datatype: DataType::Fp32, shape: &[2], data: &raw[1..], device: &[] };
         assert_eq!(floats(&input).unwrap(), vec![1.5, -2.0]);
         let mask: Vec<u8> = [1i64, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
-        let m = BackendInput { name: "mask", datatype: DataType::Int64, shape: &[2], data: &mask };
+        let m = BackendInput { name: "mask", datatype: DataType::Int64, shape: &[2], data: &mask, device: &[] };
         assert_eq!(as_f32(&m).unwrap(), vec![1.0, 0.0]);
         let e = floats(&m).unwrap_err().to_string();
         assert!(e.contains("input 'mask' must be FP32, got INT64"), "{e}");

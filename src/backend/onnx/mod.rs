@@ -24,7 +24,7 @@ mod staging;
 use staging::Staging;
 
 use super::{
-    Backend, BackendInput, Device, InstanceSpec, ModelInstance, ModelIo, TensorInfo,
+    Backend, BackendInput, Device, DeviceTarget, Executed, InstanceSpec, ModelInstance, ModelIo, TensorInfo,
     accelerators::{self, Plan},
     ort_library,
 };
@@ -210,7 +210,7 @@ impl Backend for OnnxBackend {
         let grown = before.zip(resident_bytes("self")).map(|(b, a)| a.saturating_sub(b));
         let memory = grown.map(|bytes| MemoryUse { kind: "CPU", id: 0, bytes });
         let staging = match spec.device {
-            Device::Gpu(_) => match Staging::pinned(&session) {
+            Device::Gpu(gpu) => match Staging::pinned(&session, gpu) {
                 Ok(s) => Some(s),
                 Err(e) => {
                     if spec.index == 0 {
@@ -290,11 +290,41 @@ impl ModelInstance for OnnxInstance {
         self.staging.as_ref().map(|s| s.copy_in)
     }
 
+    fn device_io(&self) -> Option<i32> {
+        self.staging.as_ref().and_then(Staging::gpu)
+    }
+
+    fn execute_device(
+        &mut self,
+        inputs: &[BackendInput<'_>],
+        outputs: &[&str],
+        targets: &[DeviceTarget<'_>],
+    ) -> Result<Executed> {
+        if let Some(staging) = &mut self.staging
+            && Staging::fits(inputs)
+        {
+            return staging.run(&mut self.session, inputs, outputs, targets);
+        }
+        // A batch the staging cannot take (a string input beside one in GPU memory): the plain
+        // path, with the GPU's pieces copied to the host.
+        let copies = inputs
+            .iter()
+            .map(|i| i.device.iter().map(|p| p.to_host()).collect::<Result<Vec<_>>>().map(|p| p.concat()))
+            .collect::<Result<Vec<Vec<u8>>>>()?;
+        let inputs: Vec<BackendInput<'_>> = inputs
+            .iter()
+            .zip(&copies)
+            .map(|(i, copy)| if i.device.is_empty() { *i } else { BackendInput { data: copy, device: &[], ..*i } })
+            .collect();
+        let outputs = self.execute(&inputs, outputs)?;
+        Ok(Executed { written: vec![false; outputs.len()], outputs })
+    }
+
     fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
         if let Some(staging) = &mut self.staging
             && Staging::fits(inputs)
         {
-            return staging.run(&mut self.session, inputs, outputs);
+            return staging.run(&mut self.session, inputs, outputs, &[]).map(|done| done.outputs);
         }
         let values = inputs
             .iter()
@@ -443,7 +473,7 @@ mod tests {
         let session = || backend.session(&path, None, 1, Device::Cpu, &Plan::default()).unwrap();
         let mut plain = OnnxInstance { session: session(), memory: None, selections: HashMap::new(), staging: None };
         let staged_session = session();
-        let staging = Some(Staging::host(&staged_session).unwrap());
+        let staging = Some(Staging::host(&staged_session, 0).unwrap());
         let mut staged = OnnxInstance { session: staged_session, memory: None, selections: HashMap::new(), staging };
         for rows in [1usize, 3, 3, 2] {
             let a: Vec<i32> = (0..16 * rows as i32).collect();
@@ -455,12 +485,14 @@ mod tests {
                     datatype: DataType::Int32,
                     shape: &shape,
                     data: bytemuck::cast_slice(&a),
+                    device: &[],
                 },
                 BackendInput {
                     name: "INPUT1",
                     datatype: DataType::Int32,
                     shape: &shape,
                     data: bytemuck::cast_slice(&b),
+                    device: &[],
                 },
             ];
             let outputs = ["OUTPUT1", "OUTPUT0"];
@@ -471,5 +503,75 @@ mod tests {
             assert_eq!(sum[5], a[5] + b[5]);
             assert!(staged.copy_in_time().is_some() && plain.copy_in_time().is_none());
         }
+    }
+
+    /// Inputs in GPU memory (host memory standing in for it) are copied device to device into
+    /// the batch, and an output every request wants there is written to each request's range:
+    /// the same numbers as the plain path, the output coming back written and empty.
+    #[test]
+    fn device_inputs_and_outputs_skip_the_host() {
+        use crate::device::HostMemory;
+        let library = std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from);
+        let backend = OnnxBackend::new(library);
+        if let Err(e) = backend.environment() {
+            panic!("ONNX Runtime is needed for this test (scripts/test.sh sets ORT_DYLIB_PATH): {e}");
+        }
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/simple/1/model.onnx");
+        let session = || backend.session(&path, None, 1, Device::Cpu, &Plan::default()).unwrap();
+        let mut plain = OnnxInstance { session: session(), memory: None, selections: HashMap::new(), staging: None };
+        let staged_session = session();
+        let staging = Some(Staging::host(&staged_session, 3).unwrap());
+        let mut staged = OnnxInstance { session: staged_session, memory: None, selections: HashMap::new(), staging };
+        assert_eq!((plain.device_io(), staged.device_io()), (None, Some(3)));
+        let a: Vec<i32> = (0..48).collect();
+        let b: Vec<i32> = (0..48).map(|v| v * 5 - 9).collect();
+        let shape = [3i64, 16];
+        fn host<'a>(name: &'a str, data: &'a [i32]) -> BackendInput<'a> {
+            BackendInput {
+                name,
+                datatype: DataType::Int32,
+                shape: &[3, 16],
+                data: bytemuck::cast_slice(data),
+                device: &[],
+            }
+        }
+        let want = plain.execute(&[host("INPUT0", &a), host("INPUT1", &b)], &["OUTPUT0", "OUTPUT1"]).unwrap();
+        // Request one holds row 0 of INPUT0, request two rows 1-2, each in its own region.
+        let memory = HostMemory::new(3, vec![0u8; 1024]);
+        crate::device::DeviceMemory::write(&*memory, 0, bytemuck::cast_slice(&a)).unwrap();
+        let pieces = [memory.range(0, 64), memory.range(64, 128)];
+        let device_input =
+            BackendInput { name: "INPUT0", datatype: DataType::Int32, shape: &shape, data: &[], device: &pieces };
+        // OUTPUT0 goes to GPU memory: request one's row at 256, request two's two rows at 512;
+        // a third range, too small, is left alone.
+        let (one, two) = (memory.range(256, 64), memory.range(512, 128));
+        let targets = [
+            DeviceTarget { output: 0, first_row: 0, rows: 1, to: &one },
+            DeviceTarget { output: 0, first_row: 1, rows: 2, to: &two },
+        ];
+        let done =
+            staged.execute_device(&[device_input, host("INPUT1", &b)], &["OUTPUT0", "OUTPUT1"], &targets).unwrap();
+        assert_eq!(done.written, vec![true, false]);
+        assert!(done.outputs[0].data.is_empty());
+        assert_eq!(done.outputs[0].shape, vec![3, 16]);
+        assert_eq!(done.outputs[1], want[1]);
+        let bytes = memory.snapshot();
+        assert_eq!(&bytes[256..320], &want[0].data[..64]);
+        assert_eq!(&bytes[512..640], &want[0].data[64..]);
+        let small = memory.range(900, 100);
+        let targets = [
+            DeviceTarget { output: 0, first_row: 0, rows: 1, to: &one },
+            DeviceTarget { output: 0, first_row: 1, rows: 2, to: &small },
+        ];
+        let done =
+            staged.execute_device(&[device_input, host("INPUT1", &b)], &["OUTPUT0", "OUTPUT1"], &targets).unwrap();
+        assert_eq!(done.written, vec![true, false]);
+        assert!(memory.snapshot()[900..1000].iter().all(|&v| v == 0), "a target too small is left alone");
+        // A device piece from another GPU is refused, not read.
+        let elsewhere = HostMemory::new(1, vec![0u8; 192]);
+        let foreign = [elsewhere.range(0, 192)];
+        let input = BackendInput { device: &foreign, ..device_input };
+        let e = staged.execute_device(&[input, host("INPUT1", &b)], &["OUTPUT0"], &[]).unwrap_err();
+        assert!(e.message().contains("is on GPU 1, this instance on GPU 3"), "{e}");
     }
 }

@@ -71,12 +71,12 @@ fn bls_request(msg: &Value, blobs: Vec<Vec<u8>>) -> Result<InferRequest> {
         .map(|(t, data)| {
             let datatype = DataType::from_wire(t["datatype"].as_str().unwrap_or_default())
                 .ok_or_else(|| Error::invalid(format!("BLS input '{}' has an unknown datatype", t["name"])))?;
-            Ok(InputTensor {
-                name: t["name"].as_str().unwrap_or_default().to_string(),
+            Ok(InputTensor::host(
+                t["name"].as_str().unwrap_or_default().to_string(),
                 datatype,
-                shape: t["shape"].as_array().into_iter().flatten().filter_map(Value::as_i64).collect(),
-                data: Bytes::from(data),
-            })
+                t["shape"].as_array().into_iter().flatten().filter_map(Value::as_i64).collect(),
+                Bytes::from(data),
+            ))
         })
         .collect::<Result<Vec<_>>>()?;
     let mut parameters = params_of(&r["parameters"]);

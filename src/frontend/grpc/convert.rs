@@ -29,14 +29,14 @@ pub fn request(mut r: ModelInferRequest, shm: &SharedMemory) -> Result<InferRequ
             Error::invalid(format!("input '{}' has an invalid datatype '{}' for model '{model}'", i.name, i.datatype))
         })?;
         let contents = i.contents.filter(|c| !contents_empty(c));
-        let data = if let Some(region) = shm_ref(&i.parameters, "input", &i.name)? {
+        let (data, device) = if let Some(region) = shm_ref(&i.parameters, "input", &i.name)? {
             if contents.is_some() {
                 return Err(Error::invalid(format!(
                     "unexpected 'content' provided when using shared memory for input tensor '{}' for model '{model}'",
                     i.name
                 )));
             }
-            shm.read(&region.region, region.offset, region.byte_size)?
+            shm.read_input(&region.region, region.offset, region.byte_size)?
         } else if let Some(c) = contents {
             if raw.len() > 0 {
                 return Err(Error::invalid(format!(
@@ -44,16 +44,17 @@ pub fn request(mut r: ModelInferRequest, shm: &SharedMemory) -> Result<InferRequ
                     i.name
                 )));
             }
-            typed(&model, &i.name, datatype, c)?
+            (typed(&model, &i.name, datatype, c)?, None)
         } else {
-            raw.next().ok_or_else(|| {
+            let data = raw.next().ok_or_else(|| {
                 Error::invalid(format!(
                     "unable to find data for input tensor '{}' for model '{model}' in request.",
                     i.name
                 ))
-            })?
+            })?;
+            (data, None)
         };
-        inputs.push(InputTensor { name: i.name, datatype, shape: i.shape, data });
+        inputs.push(InputTensor { name: i.name, datatype, shape: i.shape, data, device });
     }
     let outputs = r
         .outputs

@@ -153,8 +153,11 @@ fn input(model: &str, i: InputHeader<'_>, binary: &mut Bytes, shm: &SharedMemory
             i.name
         )));
     }
+    if let Some(r) = shm_ref {
+        let (data, device) = shm.read_input(&r.region, r.offset, r.byte_size)?;
+        return Ok(InputTensor { name: i.name, datatype, shape: i.shape, data, device });
+    }
     let data = match (binary_size, i.data) {
-        _ if let Some(r) = shm_ref => shm.read(&r.region, r.offset, r.byte_size)?,
         (Some(n), _) => {
             if n > binary.len() {
                 return Err(Error::invalid(format!(
@@ -168,7 +171,7 @@ fn input(model: &str, i: InputHeader<'_>, binary: &mut Bytes, shm: &SharedMemory
         (None, Some(raw)) => json_data(model, &i.name, &i.shape, datatype, raw.get())?,
         (None, None) => unreachable!("exactly one data source was checked above"),
     };
-    Ok(InputTensor { name: i.name, datatype, shape: i.shape, data })
+    Ok(InputTensor::host(i.name, datatype, i.shape, data))
 }
 
 fn json_data(model: &str, name: &str, shape: &[i64], datatype: DataType, raw: &str) -> Result<Bytes> {
@@ -337,7 +340,7 @@ pub fn decode_raw(
     let request = InferRequest {
         model_name: model.to_string(),
         model_version: version,
-        inputs: vec![InputTensor { name: input.name.clone(), datatype: input.datatype, shape, data }],
+        inputs: vec![InputTensor::host(input.name.clone(), input.datatype, shape, data)],
         ..Default::default()
     };
     Ok((request, OutputFormat { listed: Vec::new(), default_binary: true }))

@@ -13,6 +13,7 @@ fn request(priority: u64, timeout_us: Option<u64>) -> ValidatedRequest {
         timeout_us,
         span: tracing::Span::none(),
         stream: None,
+        device_outputs: Vec::new(),
     }
 }
 

@@ -51,7 +51,7 @@ fn close(a: &[f32], b: &[f32]) -> bool {
 fn softmax_on_any_axis_and_sigmoid() {
     let dir = tempfile::tempdir().unwrap();
     let data = le(&[1.0, 2.0, 3.0, 1.0, 1.0, 1.0]);
-    let x = [BackendInput { name: "x", datatype: DataType::Fp32, shape: &[2, 3], data: &data }];
+    let x = [BackendInput { name: "x", datatype: DataType::Fp32, shape: &[2, 3], data: &data, device: &[] }];
     let c = config(&[("operation", "softmax")], &[("y", DataType::Fp32, &[3])]);
     let out = instance(&c, dir.path()).unwrap().execute(&x, &["y"]).unwrap();
     let e = [1f32.exp(), 2f32.exp(), 3f32.exp()];
@@ -72,7 +72,7 @@ fn topk_with_labels_and_argmax() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("labels.txt"), "cat\ndog\nfish\nbird\n").unwrap();
     let data = le(&[0.1, 0.7, 0.2, 0.7, 5.0, 1.0, 3.0, 2.0]);
-    let x = [BackendInput { name: "logits", datatype: DataType::Fp32, shape: &[2, 4], data: &data }];
+    let x = [BackendInput { name: "logits", datatype: DataType::Fp32, shape: &[2, 4], data: &data, device: &[] }];
     let outputs: &[(&str, DataType, &[i64])] =
         &[("SCORES", DataType::Fp32, &[2]), ("INDICES", DataType::Int64, &[2]), ("LABELS", DataType::Bytes, &[2])];
     let c = config(&[("operation", "topk"), ("k", "2"), ("labels", "labels.txt")], outputs);
@@ -98,8 +98,8 @@ fn mean_pooling_follows_the_mask_and_normalizes() {
     let hidden = le(&[1.0, 2.0, 3.0, 4.0, 100.0, 100.0]);
     let mask: Vec<u8> = [1i64, 1, 0].iter().flat_map(|v| v.to_le_bytes()).collect();
     let x = [
-        BackendInput { name: "hidden", datatype: DataType::Fp32, shape: &[1, 3, 2], data: &hidden },
-        BackendInput { name: "mask", datatype: DataType::Int64, shape: &[1, 3], data: &mask },
+        BackendInput { name: "hidden", datatype: DataType::Fp32, shape: &[1, 3, 2], data: &hidden, device: &[] },
+        BackendInput { name: "mask", datatype: DataType::Int64, shape: &[1, 3], data: &mask, device: &[] },
     ];
     let c = config(&[("operation", "pool"), ("normalize", "false")], &[("E", DataType::Fp32, &[2])]);
     let out = instance(&c, dir.path()).unwrap().execute(&x, &["E"]).unwrap();
@@ -111,7 +111,10 @@ fn mean_pooling_follows_the_mask_and_normalizes() {
     assert!(close(&f32s(&out[0]), &[2.0 / n, 3.0 / n]));
     let c = config(&[("operation", "pool"), ("pooling", "cls"), ("normalize", "0")], &[("E", DataType::Fp32, &[2])]);
     assert!(close(&f32s(&instance(&c, dir.path()).unwrap().execute(&x, &["E"]).unwrap()[0]), &[1.0, 2.0]));
-    let bad = [x[0], BackendInput { name: "mask", datatype: DataType::Int64, shape: &[1, 2], data: &mask[..16] }];
+    let bad = [
+        x[0],
+        BackendInput { name: "mask", datatype: DataType::Int64, shape: &[1, 2], data: &mask[..16], device: &[] },
+    ];
     let e = instance(&c, dir.path()).unwrap().execute(&bad, &["E"]).unwrap_err().to_string();
     assert!(e.contains("mask 'mask' has shape [1, 2]"), "{e}");
 }
@@ -136,8 +139,8 @@ fn yolo_keeps_the_best_box_of_each_overlap_and_maps_the_letterbox_back() {
     let data = le(&v);
     let letterbox = le(&[0.5, 0.5, 10.0, 20.0]);
     let x = [
-        BackendInput { name: "pred", datatype: DataType::Fp32, shape: &[1, 6, 4], data: &data },
-        BackendInput { name: "letterbox", datatype: DataType::Fp32, shape: &[1, 4], data: &letterbox },
+        BackendInput { name: "pred", datatype: DataType::Fp32, shape: &[1, 6, 4], data: &data, device: &[] },
+        BackendInput { name: "letterbox", datatype: DataType::Fp32, shape: &[1, 4], data: &letterbox, device: &[] },
     ];
     let outputs: &[(&str, DataType, &[i64])] =
         &[("BOXES", DataType::Fp32, &[-1, 4]), ("SCORES", DataType::Fp32, &[-1]), ("CLASSES", DataType::Int64, &[-1])];
