@@ -51,6 +51,13 @@ pub struct Executed {
     pub written: Vec<bool>,
 }
 
+impl Executed {
+    /// Outputs all in host memory, none written to a target.
+    pub fn on_host(outputs: Vec<Tensor>) -> Self {
+        Executed { written: vec![false; outputs.len()], outputs }
+    }
+}
+
 /// An input or output as the model file declares it. `datatype` is None for types that have no
 /// protocol equivalent (sequences, maps, complex numbers); `shape` uses -1 for unknown dims.
 #[derive(Debug, Clone, PartialEq)]
@@ -146,8 +153,7 @@ pub trait ModelInstance: Send {
         outputs: &[&str],
         _targets: &[DeviceTarget<'_>],
     ) -> Result<Executed> {
-        let outputs = self.execute(inputs, outputs)?;
-        Ok(Executed { written: vec![false; outputs.len()], outputs })
+        self.execute(inputs, outputs).map(Executed::on_host)
     }
 
     /// Whether batches reach this instance as separate requests (`execute_each`).

@@ -316,8 +316,7 @@ impl ModelInstance for OnnxInstance {
             .zip(&copies)
             .map(|(i, copy)| if i.device.is_empty() { *i } else { BackendInput { data: copy, device: &[], ..*i } })
             .collect();
-        let outputs = self.execute(&inputs, outputs)?;
-        Ok(Executed { written: vec![false; outputs.len()], outputs })
+        self.execute(&inputs, outputs).map(Executed::on_host)
     }
 
     fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
@@ -459,11 +458,9 @@ fn output_tensor(name: &str, value: DynValue) -> Result<Tensor> {
 mod tests {
     use super::*;
 
-    /// The example `simple` model (INT32 add and subtract), through the plain path and through the
-    /// I/O-binding path (host staging on the CPU: the GPU path's code with ordinary memory), with
-    /// batches of changing shape: the same outputs.
-    #[test]
-    fn the_staged_path_computes_what_the_plain_path_does() {
+    /// The example `simple` model twice: on the plain path, and on the I/O-binding path with host
+    /// memory standing in for GPU `gpu`'s.
+    fn simple_instances(gpu: i32) -> (OnnxInstance, OnnxInstance) {
         let library = std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from);
         let backend = OnnxBackend::new(library);
         if let Err(e) = backend.environment() {
@@ -471,10 +468,18 @@ mod tests {
         }
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/simple/1/model.onnx");
         let session = || backend.session(&path, None, 1, Device::Cpu, &Plan::default()).unwrap();
-        let mut plain = OnnxInstance { session: session(), memory: None, selections: HashMap::new(), staging: None };
+        let plain = OnnxInstance { session: session(), memory: None, selections: HashMap::new(), staging: None };
         let staged_session = session();
-        let staging = Some(Staging::host(&staged_session, 0).unwrap());
-        let mut staged = OnnxInstance { session: staged_session, memory: None, selections: HashMap::new(), staging };
+        let staging = Some(Staging::host(&staged_session, gpu).unwrap());
+        (plain, OnnxInstance { session: staged_session, memory: None, selections: HashMap::new(), staging })
+    }
+
+    /// The example `simple` model (INT32 add and subtract), through the plain path and through the
+    /// I/O-binding path (host staging on the CPU: the GPU path's code with ordinary memory), with
+    /// batches of changing shape: the same outputs.
+    #[test]
+    fn the_staged_path_computes_what_the_plain_path_does() {
+        let (mut plain, mut staged) = simple_instances(0);
         for rows in [1usize, 3, 3, 2] {
             let a: Vec<i32> = (0..16 * rows as i32).collect();
             let b: Vec<i32> = (0..16 * rows as i32).map(|v| v * 3 - 7).collect();
@@ -511,17 +516,7 @@ mod tests {
     #[test]
     fn device_inputs_and_outputs_skip_the_host() {
         use crate::device::HostMemory;
-        let library = std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from);
-        let backend = OnnxBackend::new(library);
-        if let Err(e) = backend.environment() {
-            panic!("ONNX Runtime is needed for this test (scripts/test.sh sets ORT_DYLIB_PATH): {e}");
-        }
-        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/simple/1/model.onnx");
-        let session = || backend.session(&path, None, 1, Device::Cpu, &Plan::default()).unwrap();
-        let mut plain = OnnxInstance { session: session(), memory: None, selections: HashMap::new(), staging: None };
-        let staged_session = session();
-        let staging = Some(Staging::host(&staged_session, 3).unwrap());
-        let mut staged = OnnxInstance { session: staged_session, memory: None, selections: HashMap::new(), staging };
+        let (mut plain, mut staged) = simple_instances(3);
         assert_eq!((plain.device_io(), staged.device_io()), (None, Some(3)));
         let a: Vec<i32> = (0..48).collect();
         let b: Vec<i32> = (0..48).map(|v| v * 5 - 9).collect();

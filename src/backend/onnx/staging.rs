@@ -214,8 +214,7 @@ impl Staging {
             .run_binding(&self.binding)
             .map_err(|e| Error::internal(format!("ONNX Runtime failed to run the model: {e}")))?;
         if !on_device.iter().any(|&d| d) {
-            let outputs = take_outputs(&mut results, outputs)?;
-            return Ok(Executed { written: vec![false; outputs.len()], outputs });
+            return take_outputs(&mut results, outputs).map(Executed::on_host);
         }
         self.binding.synchronize_outputs().map_err(ort)?;
         let mut done = Executed::default();
@@ -266,9 +265,9 @@ fn write_rows<'a>(
     let per_row = len / rows.max(1);
     for t in targets {
         let bytes = t.rows * per_row;
-        if bytes <= t.to.len() && bytes > 0 {
-            // SAFETY: the output holds `len` bytes at `from` on the target's GPU, and this
-            // target's rows lie inside them.
+        if bytes <= t.to.len() && bytes > 0 && t.first_row + t.rows <= rows {
+            // SAFETY: the output holds `len` >= `rows * per_row` bytes at `from` on the target's
+            // GPU, and this target's rows lie inside them (checked just above).
             unsafe { t.to.copy_from(from + (t.first_row * per_row) as u64, bytes) }
                 .map_err(|e| e.context(format!("output '{name}'")))?;
         }
