@@ -461,8 +461,9 @@ mod tests {
     /// The example `simple` model twice: on the plain path, and on the I/O-binding path with host
     /// memory standing in for GPU `gpu`'s.
     fn simple_instances(gpu: i32) -> (OnnxInstance, OnnxInstance) {
-        let library = std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from);
-        let backend = OnnxBackend::new(library);
+        // ONNX Runtime allows one environment per process: the tests share one backend.
+        static BACKEND: OnceLock<OnnxBackend> = OnceLock::new();
+        let backend = BACKEND.get_or_init(|| OnnxBackend::new(std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from)));
         if let Err(e) = backend.environment() {
             panic!("ONNX Runtime is needed for this test (scripts/test.sh sets ORT_DYLIB_PATH): {e}");
         }
