@@ -295,7 +295,12 @@ impl ImageInstance {
             ),
         };
         let bytes = if base64 {
-            let text: Vec<u8> = encoded.iter().copied().filter(|b| !b.is_ascii_whitespace()).collect();
+            // Line breaks are allowed in base64 text; most clients send none, and then nothing is copied.
+            let text: std::borrow::Cow<'_, [u8]> = if encoded.iter().any(u8::is_ascii_whitespace) {
+                encoded.iter().copied().filter(|b| !b.is_ascii_whitespace()).collect::<Vec<u8>>().into()
+            } else {
+                encoded.into()
+            };
             decoded = base64::engine::general_purpose::STANDARD.decode(text).map_err(|e| match s.encoding {
                 Encoding::Auto => {
                     "not an image in a format ferry decodes (JPEG, PNG, WebP, BMP, GIF), raw or base64".into()
@@ -342,24 +347,14 @@ impl ImageInstance {
 
     /// Pixels to the output tensor's bytes: CHW or HWC; scaled and normalised unless UINT8.
     fn tensor_bytes(&self, p: &Pixels, out: &mut Vec<u8>) {
-        let (c, n) = (p.channels, p.data.len());
         let size = self.values[0].len() / 256;
         let start = out.len();
-        out.resize(start + n * size, 0);
+        out.resize(start + p.data.len() * size, 0);
         let dst = &mut out[start..];
-        let element = |ch: usize, v: u8| &self.values[ch][v as usize * size..(v as usize + 1) * size];
-        if self.steps.nchw {
-            let hw = n / c.max(1);
-            for (i, px) in p.data.chunks_exact(c).enumerate() {
-                for (ch, &v) in px.iter().enumerate() {
-                    let at = (ch * hw + i) * size;
-                    dst[at..at + size].copy_from_slice(element(ch, v));
-                }
-            }
-        } else {
-            for (i, (d, &v)) in dst.chunks_exact_mut(size).zip(&p.data).enumerate() {
-                d.copy_from_slice(element(i % c, v));
-            }
+        match size {
+            1 => elements::<1>(&self.values, p, self.steps.nchw, dst),
+            2 => elements::<2>(&self.values, p, self.steps.nchw, dst),
+            _ => elements::<4>(&self.values, p, self.steps.nchw, dst),
         }
     }
 
@@ -393,7 +388,12 @@ impl ImageInstance {
                 }
                 _ => {}
             }
-            data.extend_from_slice(&bytes);
+            // One image (the common request) hands its bytes over without a copy.
+            if data.is_empty() {
+                data = bytes;
+            } else {
+                data.extend_from_slice(&bytes);
+            }
             maps.extend_from_slice(&map);
         }
         let (w, h, c) = size.unwrap_or((0, 0, self.steps.color.channels()));
@@ -430,6 +430,28 @@ impl ModelInstance for ImageInstance {
         match requests {
             [one] => vec![self.run(&one.inputs, &one.outputs, self.threads).map(Answer::from)],
             _ => super::par_map(requests, self.threads, |r| self.run(&r.inputs, &r.outputs, 1).map(Answer::from)),
+        }
+    }
+}
+
+/// Each pixel's channels to their `S`-byte elements (looked up in `values`, one table of 256 per
+/// channel), planar (NCHW: one channel after the other, written in order) or interleaved.
+fn elements<const S: usize>(values: &[Vec<u8>], p: &Pixels, nchw: bool, dst: &mut [u8]) {
+    let c = p.channels.max(1);
+    let element = |ch: usize, v: u8| -> [u8; S] {
+        let at = usize::from(v) * S;
+        values[ch][at..at + S].try_into().expect("S bytes")
+    };
+    if nchw {
+        let plane = p.data.len() / c * S;
+        for (ch, out) in dst.chunks_exact_mut(plane.max(1)).enumerate().take(c) {
+            for (d, px) in out.chunks_exact_mut(S).zip(p.data.chunks_exact(c)) {
+                d.copy_from_slice(&element(ch, px[ch]));
+            }
+        }
+    } else {
+        for (i, (d, &v)) in dst.chunks_exact_mut(S).zip(&p.data).enumerate() {
+            d.copy_from_slice(&element(i % c, v));
         }
     }
 }

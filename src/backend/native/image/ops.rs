@@ -172,6 +172,23 @@ fn windowed(mut coeffs: Coefficients, window: Range<usize>) -> Coefficients {
 
 /// Along rows, for the input rows in `rows` only (those the vertical pass will read).
 fn horizontal(p: &Pixels, coeffs: &[(usize, Vec<i32>)], rows: Range<usize>) -> Pixels {
+    if p.channels == 3 {
+        let taps = coeffs.iter().map(|(_, k)| k.len()).max().unwrap_or(0);
+        let fixed = match taps {
+            0..=4 => horizontal_rgb::<4>(p, coeffs, rows.clone()),
+            5..=6 => horizontal_rgb::<6>(p, coeffs, rows.clone()),
+            7..=8 => horizontal_rgb::<8>(p, coeffs, rows.clone()),
+            _ => None,
+        };
+        if let Some(done) = fixed {
+            return done;
+        }
+    }
+    horizontal_any(p, coeffs, rows)
+}
+
+/// The horizontal pass for any number of channels and taps.
+fn horizontal_any(p: &Pixels, coeffs: &[(usize, Vec<i32>)], rows: Range<usize>) -> Pixels {
     let c = p.channels;
     let w = p.width as usize;
     let (ow, oh) = (coeffs.len(), rows.len());
@@ -197,6 +214,40 @@ fn horizontal(p: &Pixels, coeffs: &[(usize, Vec<i32>)], rows: Range<usize>) -> P
         }
     }
     Pixels { width: ow as u32, height: oh as u32, channels: c, data }
+}
+
+/// The horizontal pass on RGB pixels with every output's taps padded to `T` (zero weights around
+/// its own, its window moved inside the row where it would cross the end), so the loop over taps
+/// has a fixed length the compiler unrolls. The zeros add nothing: the same sums, bit for bit.
+/// None when the row is narrower than `T`.
+fn horizontal_rgb<const T: usize>(p: &Pixels, coeffs: &[(usize, Vec<i32>)], rows: Range<usize>) -> Option<Pixels> {
+    let w = p.width as usize;
+    let last = w.checked_sub(T)?;
+    let plan: Vec<(usize, [i32; T])> = coeffs
+        .iter()
+        .map(|(start, k)| {
+            let at = (*start).min(last);
+            let mut weights = [0i32; T];
+            weights[start - at..start - at + k.len()].copy_from_slice(k);
+            (at * 3, weights)
+        })
+        .collect();
+    let (ow, oh) = (coeffs.len(), rows.len());
+    let mut data = vec![0u8; ow * oh * 3];
+    let src_rows = p.data.chunks_exact(w * 3).skip(rows.start).take(oh);
+    for (row, out) in src_rows.zip(data.chunks_exact_mut(ow * 3)) {
+        for ((at, weights), px) in plan.iter().zip(out.chunks_exact_mut(3)) {
+            let window = &row[*at..*at + 3 * T];
+            let (mut r, mut g, mut b) = (HALF, HALF, HALF);
+            for t in 0..T {
+                r += i32::from(window[3 * t]) * weights[t];
+                g += i32::from(window[3 * t + 1]) * weights[t];
+                b += i32::from(window[3 * t + 2]) * weights[t];
+            }
+            px.copy_from_slice(&[clip8(r), clip8(g), clip8(b)]);
+        }
+    }
+    Some(Pixels { width: ow as u32, height: oh as u32, channels: 3, data })
 }
 
 /// Along columns; `p` starts at input row `offset`. Sums whole rows, which the compiler vectorises.
@@ -413,5 +464,38 @@ mod tests {
             let window = resize_window(&p, (50, 32), (filter, true), (x0..x0 + 24, y0..y0 + 20)).unwrap();
             assert_eq!(window, crop, "{filter:?}");
         }
+    }
+
+    #[test]
+    fn the_padded_rgb_pass_sums_what_the_general_one_does() {
+        let mut p = pixels(37, 5);
+        let mut covered = Vec::new();
+        for (i, v) in p.data.iter_mut().enumerate() {
+            *v = (i * 7919 % 251) as u8;
+        }
+        for (out, filter, antialias) in [
+            (20, Filter::Bilinear, true),
+            (25, Filter::Bicubic, true),
+            (19, Filter::Lanczos, false),
+            (30, Filter::Lanczos, true),
+            (36, Filter::Bilinear, true),
+            (60, Filter::Bicubic, true),
+        ] {
+            let coeffs = coefficients(37, out, filter, antialias);
+            let taps = coeffs.iter().map(|(_, k)| k.len()).max().unwrap();
+            covered.push(taps);
+            let want = horizontal_any(&p, &coeffs, 1..4);
+            let got = match taps {
+                0..=4 => horizontal_rgb::<4>(&p, &coeffs, 1..4),
+                5..=6 => horizontal_rgb::<6>(&p, &coeffs, 1..4),
+                7..=8 => horizontal_rgb::<8>(&p, &coeffs, 1..4),
+                _ => continue,
+            };
+            assert_eq!(got.unwrap().data, want.data, "{out} columns, {filter:?}, {taps} taps");
+        }
+        for (lo, hi) in [(1, 4), (5, 6), (7, 8)] {
+            assert!(covered.iter().any(|t| (lo..=hi).contains(t)), "{lo}-{hi} taps covered: {covered:?}");
+        }
+        assert!(horizontal_rgb::<8>(&pixels(5, 2), &coefficients(5, 3, Filter::Bilinear, true), 0..2).is_none());
     }
 }
