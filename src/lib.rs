@@ -4,8 +4,8 @@
 //! protocol-neutral [`engine::InferRequest`] → `engine` resolves the model → `validate` checks it
 //! → `scheduler` queues, batches and runs it on a model instance → `backend` (ONNX Runtime) → the
 //! reply is split per request and encoded back by the front-end. `repository` turns model
-//! repositories into loaded, ready model versions. Data types (`tensor`, `error`) depend on
-//! nothing.
+//! repositories into loaded, ready model versions. Data types (`tensor`, `device`: tensor bytes
+//! left in GPU memory, `error`) depend on nothing else.
 pub mod admission;
 pub mod backend;
 pub mod cache;
