@@ -272,7 +272,7 @@ fn to_device(job: &Job, index: usize, t: &mut Tensor, written: bool) -> Result<(
         return Ok(());
     };
     let needed = match t.datatype.size() {
-        Some(size) => element_count(&t.shape).unwrap_or(0) * size,
+        Some(size) => element_count(&t.shape).unwrap_or(0).saturating_mul(size),
         None => t.data.len(),
     };
     if needed > to.len() {

@@ -234,44 +234,28 @@ impl SharedMemory {
 
     /// An input held in a region: a system region's bytes are copied out (empty device part); a
     /// CUDA region's stay on the GPU (empty host bytes), for the engine to hand to a GPU instance
-    /// or copy to the host.
+    /// or copy to the host. The region is looked up once.
     pub fn read_input(&self, name: &str, offset: u64, size: u64) -> Result<(Bytes, Option<DeviceBytes>)> {
-        match self.device_range(name, offset, size)? {
-            Some(device) => Ok((Bytes::new(), Some(device))),
-            None => Ok((self.read(name, offset, size)?, None)),
-        }
+        Ok(match self.locate(name, offset, size)? {
+            Located::File(file, start) => (read_file(name, &file, start, size)?, None),
+            Located::Cuda(region, start) => (Bytes::new(), Some(DeviceBytes::new(region, start, byte_len(size)?))),
+        })
     }
 
     /// The range of a CUDA region (None: the region is system shared memory).
     pub fn device_range(&self, name: &str, offset: u64, size: u64) -> Result<Option<DeviceBytes>> {
-        let len = usize::try_from(size).map_err(|_| Error::invalid(format!("byte size {size} is too large")))?;
         Ok(match self.locate(name, offset, size)? {
             Located::File(..) => None,
-            Located::Cuda(region, start) => Some(DeviceBytes::new(region, start, len)),
+            Located::Cuda(region, start) => Some(DeviceBytes::new(region, start, byte_len(size)?)),
         })
     }
 
-    /// A copy of the bytes of an input held in a region.
+    /// A host copy of the bytes of an input held in a region, wherever the region is.
     pub fn read(&self, name: &str, offset: u64, size: u64) -> Result<Bytes> {
-        let (file, start) = match self.locate(name, offset, size)? {
-            Located::File(file, start) => (file, start),
-            Located::Cuda(region, start) => {
-                let mut data = vec![0u8; size as usize];
-                region.read(start, &mut data)?;
-                return Ok(Bytes::from(data));
-            }
-        };
-        let mut data = vec![0u8; size as usize];
-        let mut done = 0;
-        while done < data.len() {
-            match file.read_at(&mut data[done..], start + done as u64) {
-                Ok(0) => return Err(shrunk(name, start + size)),
-                Ok(n) => done += n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::internal(format!("cannot read shared memory region '{name}': {e}"))),
-            }
+        match self.read_input(name, offset, size)? {
+            (_, Some(device)) => device.to_host(),
+            (data, None) => Ok(data),
         }
-        Ok(Bytes::from(data))
     }
 
     /// Writes an output into a region; `size` is the room the client gave it.
@@ -292,6 +276,25 @@ impl SharedMemory {
             Error::internal(format!("cannot write output '{output}' to shared memory region '{name}': {e}"))
         })
     }
+}
+
+fn byte_len(size: u64) -> Result<usize> {
+    usize::try_from(size).map_err(|_| Error::invalid(format!("byte size {size} is too large")))
+}
+
+/// `size` bytes at `start` of a system region's object (a short read means the client shrank it).
+fn read_file(name: &str, file: &File, start: u64, size: u64) -> Result<Bytes> {
+    let mut data = vec![0u8; byte_len(size)?];
+    let mut done = 0;
+    while done < data.len() {
+        match file.read_at(&mut data[done..], start + done as u64) {
+            Ok(0) => return Err(shrunk(name, start + size)),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::internal(format!("cannot read shared memory region '{name}': {e}"))),
+        }
+    }
+    Ok(Bytes::from(data))
 }
 
 fn shrunk(name: &str, needed: u64) -> Error {

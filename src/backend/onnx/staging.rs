@@ -232,7 +232,7 @@ impl Staging {
             let datatype = super::datatype(*tensor.data_type())
                 .filter(|d| d.size().is_some())
                 .ok_or_else(|| ort(format!("output '{name}' cannot stay on the GPU ({:?})", tensor.data_type())))?;
-            let len = element_count(&shape).unwrap_or(0) * datatype.size().unwrap_or(0);
+            let len = element_count(&shape).unwrap_or(0).saturating_mul(datatype.size().unwrap_or(0));
             write_rows(name, tensor.data_ptr() as u64, len, targets.iter().filter(|t| t.output == k))?;
             done.outputs.push(Tensor { name: name.to_string(), datatype, shape, data: Bytes::new() });
             done.written.push(true);
@@ -246,10 +246,13 @@ impl Staging {
     fn keeps_on_device(&self, session: &Session, name: &str, k: usize, targets: &[DeviceTarget<'_>]) -> bool {
         let Some(device) = &self.device else { return false };
         let mut mine = targets.iter().filter(|t| t.output == k).peekable();
-        let fixed_size = session.outputs().iter().any(|o| {
+        // Most batches have no targets: nothing more is looked at for them.
+        if mine.peek().is_none() || !mine.all(|t| t.to.gpu() == device.gpu) {
+            return false;
+        }
+        session.outputs().iter().any(|o| {
             o.name() == name && matches!(o.dtype(), ValueType::Tensor { ty, .. } if *ty != TensorElementType::String)
-        });
-        fixed_size && mine.peek().is_some() && mine.all(|t| t.to.gpu() == device.gpu)
+        })
     }
 }
 
