@@ -97,6 +97,20 @@ pub fn shm_object(key: &str) -> Result<&str, String> {
     Ok(name)
 }
 
+/// Every byte outside `A-Za-z0-9-._~` percent-encoded: a name put into a URL (a GCS object in
+/// a path, a Redis user or password in the userinfo) as one opaque component.
+pub fn percent_encode(name: &str) -> String {
+    name.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
+                (b as char).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,6 +123,13 @@ mod tests {
         for bad in ["", ".", "..", ".hidden", "/tmp/pwned", "a/b", "..\\x", "a\\b", "a\0b", "a\nb", &"x".repeat(256)] {
             assert!(check_model_name(bad).unwrap_err().starts_with("invalid model name"), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn names_are_percent_encoded_as_one_url_component() {
+        assert_eq!(percent_encode("repo/m 1/model.onnx"), "repo%2Fm%201%2Fmodel.onnx");
+        assert_eq!(percent_encode("a-b_c.d~e"), "a-b_c.d~e");
+        assert_eq!(percent_encode("p@ss:w/rd"), "p%40ss%3Aw%2Frd");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use arc_swap::ArcSwapOption;
 use redis::aio::MultiplexedConnection;
 
 use super::{Cached, Key, codec};
+use crate::names::percent_encode;
 
 /// `--cache-config redis,<key>=<value>` settings.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,26 +55,14 @@ impl RedisSettings {
     pub fn url(&self) -> String {
         let scheme = if self.tls { "rediss" } else { "redis" };
         let auth = match (&self.user, &self.password) {
-            (Some(u), Some(p)) => format!("{}:{}@", escape(u), escape(p)),
-            (None, Some(p)) => format!(":{}@", escape(p)),
-            (Some(u), None) => format!("{}@", escape(u)),
+            (Some(u), Some(p)) => format!("{}:{}@", percent_encode(u), percent_encode(p)),
+            (None, Some(p)) => format!(":{}@", percent_encode(p)),
+            (Some(u), None) => format!("{}@", percent_encode(u)),
             (None, None) => String::new(),
         };
         let host = if self.host.contains(':') { format!("[{}]", self.host) } else { self.host.clone() };
         format!("{scheme}://{auth}{host}:{}/{}", self.port, self.db)
     }
-}
-
-fn escape(s: &str) -> String {
-    s.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 /// How long Redis is left alone after a failure.

@@ -270,9 +270,7 @@ fn load_version(
     };
     let device_io = instances.iter().all(|i| i.device_io().is_some());
     let scheduler = Scheduler::start(ctx, policy, instances, Some(rebuild)).map_err(|e| e.to_string())?;
-    let caches = options.content_digests && p.config.response_cache.as_ref().is_some_and(|c| c.enable);
-    let content =
-        if caches { content_digest(&p.config, &p.labels, &dir.join(version.to_string()))? } else { String::new() };
+    let content = cache_content(p, dir, version, options)?;
     Ok(ModelVersion {
         name: name.to_string(),
         version,
@@ -297,9 +295,7 @@ fn load_ensemble(
 ) -> std::result::Result<ModelVersion, String> {
     let schema = Arc::new(Schema::from_config(&p.config, p.labels.clone()).map_err(|e| e.to_string())?);
     let ensemble = Ensemble::plan(&p.config, &schema, registry)?;
-    let caches = options.content_digests && p.config.response_cache.as_ref().is_some_and(|c| c.enable);
-    let content =
-        if caches { content_digest(&p.config, &p.labels, &dir.join(version.to_string()))? } else { String::new() };
+    let content = cache_content(p, dir, version, options)?;
     Ok(ModelVersion {
         name: name.to_string(),
         version,
@@ -311,6 +307,15 @@ fn load_ensemble(
         device_io: false,
         content,
     })
+}
+
+/// The version's content digest when the response cache serves it (empty otherwise).
+fn cache_content(p: &Prepared, dir: &Path, version: u64, options: &LoadOptions) -> std::result::Result<String, String> {
+    let caches = options.content_digests && p.config.response_cache.as_ref().is_some_and(|c| c.enable);
+    if !caches {
+        return Ok(String::new());
+    }
+    content_digest(&p.config, &p.labels, &dir.join(version.to_string()))
 }
 
 fn load_instance(

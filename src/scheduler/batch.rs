@@ -15,7 +15,7 @@ use crate::{
     stats::PhaseTimes,
     telemetry::otel,
     tensor::{DataType, Tensor, bytes_element_offsets, element_count},
-    validate::ModelTensor,
+    validate::{ModelTensor, OutputRequest},
 };
 
 /// A batch input: the request's own bytes, rows gathered into one 8-byte-aligned buffer, or
@@ -197,44 +197,61 @@ fn run_each(
 
 /// One request's outputs, by name, checked against the config.
 fn respond_one(ctx: &ModelContext, job: &Job, mut outs: Vec<Tensor>) -> Result<InferResponse> {
-    let schema = &ctx.schema;
     let outputs = job
         .req
         .outputs
         .iter()
         .map(|o| {
-            let spec = &schema.outputs[o.index];
+            let spec = &ctx.schema.outputs[o.index];
             let at = outs.iter().position(|t| t.name == spec.name).ok_or_else(|| {
                 Error::internal(format!(
                     "model '{}' gave no output '{}' for request '{}'",
                     ctx.name, spec.name, job.req.id
                 ))
             })?;
-            let mut t = outs.swap_remove(at);
-            if t.datatype != spec.datatype {
-                return Err(Error::internal(format!(
-                    "model '{}' output '{}' is {} but its config says {}",
-                    ctx.name,
-                    spec.name,
-                    t.datatype.wire(),
-                    spec.datatype.wire()
-                )));
-            }
-            t.shape = client_shape(spec, schema.batching(), &t.shape);
-            to_device(job, o.index, &mut t, false)?;
-            match o.classification {
-                Some(k) => classify(&t, schema.batching(), k as usize, &spec.labels),
-                None => Ok(t),
-            }
+            let t = outs.swap_remove(at);
+            check_datatype(ctx, o.index, &t)?;
+            finish_output(ctx, job, o, t, false)
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(InferResponse {
+    Ok(response(ctx, job, outputs))
+}
+
+/// The model's output datatype against its config's.
+fn check_datatype(ctx: &ModelContext, index: usize, t: &Tensor) -> Result<()> {
+    let spec = &ctx.schema.outputs[index];
+    if t.datatype == spec.datatype {
+        return Ok(());
+    }
+    Err(Error::internal(format!(
+        "model '{}' output '{}' is {} but its config says {}",
+        ctx.name,
+        spec.name,
+        t.datatype.wire(),
+        spec.datatype.wire()
+    )))
+}
+
+/// One output as its request gets it: the client's shape, copied into the request's GPU region
+/// unless the instance `written` it there, and reduced to classes where the request asked so.
+fn finish_output(ctx: &ModelContext, job: &Job, o: &OutputRequest, mut t: Tensor, written: bool) -> Result<Tensor> {
+    let spec = &ctx.schema.outputs[o.index];
+    t.shape = client_shape(spec, ctx.schema.batching(), &t.shape);
+    to_device(job, o.index, &mut t, written)?;
+    match o.classification {
+        Some(k) => classify(&t, ctx.schema.batching(), k as usize, &spec.labels),
+        None => Ok(t),
+    }
+}
+
+fn response(ctx: &ModelContext, job: &Job, outputs: Vec<Tensor>) -> InferResponse {
+    InferResponse {
         model_name: ctx.name.clone(),
         model_version: ctx.version,
         id: job.req.id.clone(),
         parameters: Default::default(),
         outputs,
-    })
+    }
 }
 
 /// Schema indices of every output some request of the batch asked for, in schema order.
@@ -341,16 +358,8 @@ fn check_outputs(ctx: &ModelContext, wanted: &[usize], outs: Vec<Tensor>, rows: 
         )));
     }
     for (t, &i) in outs.iter().zip(wanted) {
+        check_datatype(ctx, i, t)?;
         let spec = &ctx.schema.outputs[i];
-        if t.datatype != spec.datatype {
-            return Err(Error::internal(format!(
-                "model '{}' output '{}' is {} but its config says {}",
-                ctx.name,
-                spec.name,
-                t.datatype.wire(),
-                spec.datatype.wire()
-            )));
-        }
         if ctx.schema.batching() && t.shape.first().copied() != Some(rows as i64) {
             return Err(Error::internal(format!(
                 "model '{}' output '{}' has shape {:?}, whose first dim should be the batch size {rows}",
@@ -369,7 +378,6 @@ fn respond(
     offset: usize,
     rows: usize,
 ) -> Result<InferResponse> {
-    let schema = &ctx.schema;
     let outputs = job
         .req
         .outputs
@@ -377,27 +385,15 @@ fn respond(
         .map(|o| {
             let at = wanted.binary_search(&o.index).expect("every requested output was run");
             let t = &outs[at];
-            let spec = &schema.outputs[o.index];
-            let mut part = if schema.batching() && rows != job.req.rows {
+            let part = if ctx.schema.batching() && rows != job.req.rows {
                 slice_rows(t, offset, job.req.rows, rows)?
             } else {
                 t.clone()
             };
-            part.shape = client_shape(spec, schema.batching(), &part.shape);
-            to_device(job, o.index, &mut part, written.get(at).copied().unwrap_or(false))?;
-            match o.classification {
-                Some(k) => classify(&part, schema.batching(), k as usize, &spec.labels),
-                None => Ok(part),
-            }
+            finish_output(ctx, job, o, part, written.get(at).copied().unwrap_or(false))
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(InferResponse {
-        model_name: ctx.name.clone(),
-        model_version: ctx.version,
-        id: job.req.id.clone(),
-        parameters: Default::default(),
-        outputs,
-    })
+    Ok(response(ctx, job, outputs))
 }
 
 /// Rows `[offset, offset + n)` of a batched output, without copying.

@@ -10,6 +10,7 @@ use futures_util::{StreamExt, TryStreamExt, stream};
 use object_store::gcp::GcpCredentialProvider;
 
 use super::{Algorithm, Expected, Part, decode};
+use crate::names::percent_encode;
 
 /// S3 allows at most this many parts.
 const MAX_PARTS: u32 = 10_000;
@@ -51,19 +52,6 @@ fn sdk_error<E: ProvideErrorMetadata + std::error::Error + 'static>(e: SdkError<
         }
         _ => DisplayErrorContext(&e).to_string(),
     }
-}
-
-/// Every byte outside `A-Za-z0-9-._~` percent-encoded (GCS object names in a URL path).
-fn encode(name: &str) -> String {
-    name.bytes()
-        .map(|b| {
-            if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-                (b as char).to_string()
-            } else {
-                format!("%{b:02X}")
-            }
-        })
-        .collect()
 }
 
 impl Checksums {
@@ -237,9 +225,9 @@ async fn gcs_expected(
     credentials: Option<&GcpCredentialProvider>,
 ) -> Result<Option<Expected>, String> {
     let what = |e: String| format!("asking GCS for the checksum of '{key}': {e}");
-    let mut url = format!("{base}/storage/v1/b/{}/o/{}?fields=crc32c", encode(bucket), encode(key));
+    let mut url = format!("{base}/storage/v1/b/{}/o/{}?fields=crc32c", percent_encode(bucket), percent_encode(key));
     if let Some(g) = generation {
-        url.push_str(&format!("&generation={}", encode(g)));
+        url.push_str(&format!("&generation={}", percent_encode(g)));
     }
     let mut req = http.get(url);
     if let Some(c) = credentials {
@@ -260,12 +248,6 @@ async fn gcs_expected(
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn names_are_encoded_for_a_url_path() {
-        assert_eq!(super::encode("repo/m 1/model.onnx"), "repo%2Fm%201%2Fmodel.onnx");
-        assert_eq!(super::encode("a-b_c.d~e"), "a-b_c.d~e");
-    }
-
     #[test]
     fn the_cheapest_checksum_present_is_used() {
         use super::{Algorithm, pick};
