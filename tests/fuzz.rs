@@ -1,6 +1,7 @@
 //! Fuzzing on stable Rust: every decoder a client or a bucket reaches (KServe JSON and binary
 //! bodies, the gRPC request converter, config.pbtxt, Vertex AI instances, the response-cache
-//! codec) and the shared-memory bookkeeping get mutated seed inputs. None may panic, and none may
+//! codec, the image step's decoders and resampling) and the shared-memory bookkeeping get mutated
+//! seed inputs. None may panic, and none may
 //! allocate more than its declared bound (a multiple of the input plus a constant), measured by a
 //! counting allocator. `FERRY_FUZZ_ITERS` sets the runs per target (CI: the default; longer runs:
 //! bench/fuzz.sh). A failure prints the input that caused it.
@@ -253,6 +254,32 @@ fn fuzz_every_decoder() {
         },
     );
 
+    // The image step (ferry_image): every format it decodes, then resize, crop and normalise;
+    // max_pixels small, so a header that claims a huge image is refused before decoding; small
+    // outputs (the seeds are scaled up, a mutated header's larger image down).
+    let mut step = image_step("imagenet", 40, &[("size", "48"), ("crop", "40"), ("max_pixels", "1048576")]);
+    let mut letterbox = image_step("yolo", 32, &[("size", "32"), ("max_pixels", "1048576")]);
+    fuzz(
+        "image step",
+        image_seeds(),
+        // The decoder's allocation limit (64 MiB at the least) plus the step's own buffers.
+        |i| 2 * i.len() + (80 << 20),
+        |input| {
+            let mut data = Vec::new();
+            ferry::tensor::push_bytes_element(&mut data, input);
+            let shape = [1i64];
+            let image = ferry::backend::BackendInput {
+                name: "IMAGE",
+                datatype: ferry::tensor::DataType::Bytes,
+                shape: &shape,
+                data: &data,
+                device: &[],
+            };
+            let _ = step.execute(std::slice::from_ref(&image), &["PIXELS"]);
+            let _ = letterbox.execute(&[image], &["PIXELS", "MAPPING"]);
+        },
+    );
+
     // Shared-memory bookkeeping: random registrations, reads and writes on a real object.
     let key = format!("ferry-fuzz-{}", std::process::id());
     std::fs::write(format!("/dev/shm/{key}"), vec![0u8; 4096]).unwrap();
@@ -275,4 +302,53 @@ fn fuzz_every_decoder() {
         },
     );
     let _ = std::fs::remove_file(format!("/dev/shm/{key}"));
+}
+
+/// A ferry_image instance: a preset, its output `size` square, and parameters over the preset's.
+fn image_step(preset: &str, size: i64, params: &[(&str, &str)]) -> Box<dyn ferry::backend::ModelInstance> {
+    use ferry::backend::Backend;
+    use ferry::proto::inference::{ModelConfig, ModelInput, ModelOutput, ModelParameter};
+    let param = |v: &str| ModelParameter { string_value: v.into() };
+    let config = ModelConfig {
+        name: format!("fuzz_{preset}"),
+        backend: "ferry_image".into(),
+        parameters: params.iter().chain(&[("preset", preset)]).map(|(k, v)| (k.to_string(), param(v))).collect(),
+        input: vec![ModelInput { name: "IMAGE".into(), data_type: 13, dims: vec![1], ..Default::default() }],
+        output: vec![
+            ModelOutput { name: "PIXELS".into(), data_type: 11, dims: vec![3, size, size], ..Default::default() },
+            ModelOutput { name: "MAPPING".into(), data_type: 11, dims: vec![4], ..Default::default() },
+        ],
+        ..Default::default()
+    };
+    let spec = ferry::backend::InstanceSpec {
+        model_path: std::path::Path::new("."),
+        config: &config,
+        device: ferry::backend::Device::Cpu,
+        intra_op_threads: 1,
+        index: 0,
+    };
+    ferry::backend::native::image::ImageBackend.load(&spec).unwrap()
+}
+
+/// A small picture in every format the image step decodes, and base64 text of one.
+fn image_seeds() -> Vec<Vec<u8>> {
+    use base64::Engine as _;
+    let picture =
+        image::RgbImage::from_fn(24, 16, |x, y| image::Rgb([(x * 10) as u8, (y * 15) as u8, ((x * y) % 256) as u8]));
+    let mut seeds: Vec<Vec<u8>> = [
+        image::ImageFormat::Jpeg,
+        image::ImageFormat::Png,
+        image::ImageFormat::WebP,
+        image::ImageFormat::Bmp,
+        image::ImageFormat::Gif,
+    ]
+    .into_iter()
+    .map(|format| {
+        let mut out = std::io::Cursor::new(Vec::new());
+        image::DynamicImage::ImageRgb8(picture.clone()).write_to(&mut out, format).unwrap();
+        out.into_inner()
+    })
+    .collect();
+    seeds.push(base64::engine::general_purpose::STANDARD.encode(&seeds[1]).into_bytes());
+    seeds
 }

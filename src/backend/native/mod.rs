@@ -148,6 +148,23 @@ pub fn bytes_tensor<'b>(name: &str, shape: Vec<i64>, items: impl Iterator<Item =
     Tensor { name: name.to_string(), datatype: DataType::Bytes, shape, data: Bytes::from(data) }
 }
 
+/// Runs a third-party decoder on untrusted bytes: a panic inside it (a defect of the decoder on
+/// input it fails to refuse cleanly) becomes this item's error, so it fails its own request and
+/// never the rest of the batch nor the instance.
+pub fn contain_panic<T>(
+    what: &str,
+    f: impl FnOnce() -> std::result::Result<T, String>,
+) -> std::result::Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_default();
+        Err(format!("cannot decode the {what}: the decoder failed on it ({why})"))
+    })
+}
+
 /// `f` over `items` on up to `threads` threads (scoped: nothing outlives the call), results in
 /// order. One thread, or one item, runs on the caller's thread.
 pub fn par_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
@@ -172,6 +189,17 @@ pub fn par_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_decoder_panic_is_the_item_s_error() {
+        assert_eq!(contain_panic("image", || Ok(3)), Ok(3));
+        assert_eq!(contain_panic::<()>("image", || Err("bad".into())), Err("bad".into()));
+        let e = contain_panic::<()>("image", || panic!("index out of bounds")).unwrap_err();
+        assert_eq!(e, "cannot decode the image: the decoder failed on it (index out of bounds)");
+        let n = 7;
+        let e = contain_panic::<()>("image", || panic!("row {n} missing")).unwrap_err();
+        assert!(e.ends_with("(row 7 missing)"), "{e}");
+    }
 
     fn config(pairs: &[(&str, &str)]) -> ModelConfig {
         let mut c = ModelConfig { name: "post".into(), ..Default::default() };

@@ -44,6 +44,28 @@ fn jpeg_complete(bytes: &[u8]) -> bool {
 
 /// Decodes an encoded image into RGB or gray pixels. `max_pixels` is checked on the header.
 pub fn decode(bytes: &[u8], color: Color, max_pixels: u64) -> Result<Pixels, String> {
+    let rgb = super::super::contain_panic("image", || decode_rgb(bytes, max_pixels))?;
+    let (width, height) = rgb.dimensions();
+    let mut data = rgb.into_raw();
+    match color {
+        Color::Rgb => {}
+        Color::Bgr => data.chunks_exact_mut(3).for_each(|p| p.swap(0, 2)),
+        // PIL's "L": ITU-R 601-2 luma, in 16-bit fixed point.
+        Color::Gray => {
+            data = data
+                .chunks_exact(3)
+                .map(|p| {
+                    ((u32::from(p[0]) * 19595 + u32::from(p[1]) * 38470 + u32::from(p[2]) * 7471 + 0x8000) >> 16) as u8
+                })
+                .collect();
+        }
+    }
+    Ok(Pixels { width, height, channels: color.channels(), data })
+}
+
+/// The image crate's part (third-party code on untrusted bytes): the format, the pixel limit
+/// read from the header, the EXIF orientation, RGB pixels.
+fn decode_rgb(bytes: &[u8], max_pixels: u64) -> Result<image::RgbImage, String> {
     let reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| format!("cannot read the image: {e}"))?;
@@ -66,23 +88,7 @@ pub fn decode(bytes: &[u8], color: Color, max_pixels: u64) -> Result<Pixels, Str
     let orientation = decoder.orientation().map_err(|e| format!("cannot read the image's orientation: {e}"))?;
     let mut img = DynamicImage::from_decoder(decoder).map_err(|e| format!("cannot decode the image: {e}"))?;
     img.apply_orientation(orientation);
-    let rgb = img.into_rgb8();
-    let (width, height) = rgb.dimensions();
-    let mut data = rgb.into_raw();
-    match color {
-        Color::Rgb => {}
-        Color::Bgr => data.chunks_exact_mut(3).for_each(|p| p.swap(0, 2)),
-        // PIL's "L": ITU-R 601-2 luma, in 16-bit fixed point.
-        Color::Gray => {
-            data = data
-                .chunks_exact(3)
-                .map(|p| {
-                    ((u32::from(p[0]) * 19595 + u32::from(p[1]) * 38470 + u32::from(p[2]) * 7471 + 0x8000) >> 16) as u8
-                })
-                .collect();
-        }
-    }
-    Ok(Pixels { width, height, channels: color.channels(), data })
+    Ok(img.into_rgb8())
 }
 
 /// The filter's weight at `x` and how far it reaches (PIL's definitions).
