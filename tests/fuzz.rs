@@ -1,7 +1,7 @@
 //! Fuzzing on stable Rust: every decoder a client or a bucket reaches (KServe JSON and binary
 //! bodies, the gRPC request converter, config.pbtxt, Vertex AI instances, the response-cache
-//! codec, the image step's decoders and resampling) and the shared-memory bookkeeping get mutated
-//! seed inputs. None may panic, and none may
+//! codec, the image step's decoders and resampling, the tokenizer step both ways) and the
+//! shared-memory bookkeeping get mutated seed inputs. None may panic, and none may
 //! allocate more than its declared bound (a multiple of the input plus a constant), measured by a
 //! counting allocator. `FERRY_FUZZ_ITERS` sets the runs per target (CI: the default; longer runs:
 //! bench/fuzz.sh). A failure prints the input that caused it.
@@ -259,6 +259,20 @@ fn fuzz_every_decoder() {
     // outputs (the seeds are scaled up, a mutated header's larger image down).
     let mut step = image_step("imagenet", 40, &[("size", "48"), ("crop", "40"), ("max_pixels", "1048576")]);
     let mut letterbox = image_step("yolo", 32, &[("size", "32"), ("max_pixels", "1048576")]);
+    let jpeg = {
+        let mut d = Vec::new();
+        ferry::tensor::push_bytes_element(&mut d, &image_seeds()[0]);
+        d
+    };
+    let seed = ferry::backend::BackendInput {
+        name: "IMAGE",
+        datatype: ferry::tensor::DataType::Bytes,
+        shape: &[1],
+        data: &jpeg,
+        device: &[],
+    };
+    assert_eq!(step.execute(std::slice::from_ref(&seed), &["PIXELS"]).unwrap()[0].shape, [3, 40, 40]);
+    assert_eq!(letterbox.execute(&[seed], &["PIXELS", "MAPPING"]).unwrap()[1].shape, [4]);
     fuzz(
         "image step",
         image_seeds(),
@@ -279,6 +293,75 @@ fn fuzz_every_decoder() {
             let _ = letterbox.execute(&[image], &["PIXELS", "MAPPING"]);
         },
     );
+
+    // The tokenizer step (ferry_tokenizer): texts (split at NUL into a batch; any bytes, so also
+    // text that is not UTF-8), sentence pairs, and token ids back to text (ids past the vocabulary).
+    let folder = std::env::temp_dir().join(format!("ferry-fuzz-tokenizer-{}", std::process::id()));
+    let (mut encode, mut pairs, mut decode) = (
+        tokenizer_step(&folder, &[("padding", "max_length"), ("max_length", "24")], 1, "input_ids"),
+        tokenizer_step(&folder, &[("max_length", "24")], 2, "input_ids"),
+        tokenizer_step(&folder, &[("direction", "decode")], 1, "TEXT_OUT"),
+    );
+    // The steps work on their seeds (so the mutations exercise real encodes and decodes).
+    let hello = {
+        let mut d = Vec::new();
+        ferry::tensor::push_bytes_element(&mut d, b"hello world");
+        d
+    };
+    let text = ferry::backend::BackendInput {
+        name: "TEXT",
+        datatype: ferry::tensor::DataType::Bytes,
+        shape: &[1],
+        data: &hello,
+        device: &[],
+    };
+    let ids = &encode.execute(&[text], &["input_ids"]).unwrap()[0];
+    let ids: Vec<i64> = ids.data.chunks(8).map(|c| i64::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(ids, [[2, 4, 5, 3].as_slice(), &[0; 20]].concat());
+    let back: Vec<u8> = [2i64, 4, 5, 3].iter().flat_map(|v| v.to_le_bytes()).collect();
+    let ids = ferry::backend::BackendInput {
+        name: "IDS",
+        datatype: ferry::tensor::DataType::Int64,
+        shape: &[1, 4],
+        data: &back,
+        device: &[],
+    };
+    assert_eq!(&decode.execute(&[ids], &["TEXT_OUT"]).unwrap()[0].data[4..], b"hello world");
+    fuzz(
+        "tokenizer step",
+        vec![
+            b"hello world".to_vec(),
+            "na\u{ef}ve caf\u{e9} \u{6771}\u{4eac}\0The quick brown fox".as_bytes().to_vec(),
+            b"\0\0[CLS] hello [SEP] [PAD]".to_vec(),
+        ],
+        |i| 64 * i.len() + (1 << 20),
+        |input| {
+            let texts: Vec<&[u8]> = input.split(|&b| b == 0).collect();
+            let mut data = Vec::new();
+            texts.iter().for_each(|t| ferry::tensor::push_bytes_element(&mut data, t));
+            let shape = [texts.len() as i64];
+            let text = |name| ferry::backend::BackendInput {
+                name,
+                datatype: ferry::tensor::DataType::Bytes,
+                shape: &shape,
+                data: &data,
+                device: &[],
+            };
+            let _ = encode.execute(&[text("TEXT")], &["input_ids", "attention_mask", "token_type_ids"]);
+            let _ = pairs.execute(&[text("TEXT"), text("TEXT_PAIR")], &["input_ids", "token_type_ids"]);
+            let ids: Vec<u8> = input.iter().flat_map(|&b| i64::from(b).to_le_bytes()).collect();
+            let rows = [1, input.len() as i64];
+            let ids = ferry::backend::BackendInput {
+                name: "IDS",
+                datatype: ferry::tensor::DataType::Int64,
+                shape: &rows,
+                data: &ids,
+                device: &[],
+            };
+            let _ = decode.execute(&[ids], &["TEXT_OUT"]);
+        },
+    );
+    let _ = std::fs::remove_dir_all(&folder);
 
     // Shared-memory bookkeeping: random registrations, reads and writes on a real object.
     let key = format!("ferry-fuzz-{}", std::process::id());
@@ -351,4 +434,73 @@ fn image_seeds() -> Vec<Vec<u8>> {
     .collect();
     seeds.push(base64::engine::general_purpose::STANDARD.encode(&seeds[1]).into_bytes());
     seeds
+}
+
+/// A ferry_tokenizer instance over a small WordPiece tokenizer (BERT's normaliser, pre-tokeniser,
+/// `[CLS] A [SEP] B [SEP]`), written to `folder`: `texts` text inputs, or ids with `decode`.
+fn tokenizer_step(
+    folder: &std::path::Path,
+    params: &[(&str, &str)],
+    texts: usize,
+    output: &str,
+) -> Box<dyn ferry::backend::ModelInstance> {
+    use ferry::backend::Backend;
+    use ferry::proto::inference::{ModelConfig, ModelInput, ModelOutput, ModelParameter};
+    use tokenizers::{
+        AddedToken, Tokenizer, decoders::wordpiece::WordPiece as Pieces, models::wordpiece::WordPiece,
+        normalizers::BertNormalizer, pre_tokenizers::bert::BertPreTokenizer, processors::template::TemplateProcessing,
+    };
+    let words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello", "world", "the", "quick", "brown", "fox", "##s", "##e"];
+    std::fs::create_dir_all(folder.join("1")).unwrap();
+    let vocab = folder.join("vocab.txt");
+    std::fs::write(&vocab, words.join("\n")).unwrap();
+    let model = WordPiece::from_file(&vocab.to_string_lossy()).unk_token("[UNK]".into()).build().unwrap();
+    let mut tokenizer = Tokenizer::new(model);
+    tokenizer.with_normalizer(Some(BertNormalizer::default())).unwrap();
+    tokenizer.with_pre_tokenizer(Some(BertPreTokenizer));
+    tokenizer.with_decoder(Some(Pieces::default()));
+    let template = TemplateProcessing::builder()
+        .try_single("[CLS] $A [SEP]")
+        .unwrap()
+        .try_pair("[CLS] $A [SEP] $B:1 [SEP]:1")
+        .unwrap()
+        .special_tokens(vec![("[CLS]", 2), ("[SEP]", 3)])
+        .build()
+        .unwrap();
+    tokenizer.with_post_processor(Some(template));
+    tokenizer.add_special_tokens(["[PAD]", "[UNK]", "[CLS]", "[SEP]"].map(|t| AddedToken::from(t, true))).unwrap();
+    std::fs::write(folder.join("1").join("tokenizer.json"), tokenizer.to_string(false).unwrap()).unwrap();
+
+    let param = |v: &str| ModelParameter { string_value: v.into() };
+    let decode = output == "TEXT_OUT";
+    let input =
+        |name: &str, data_type| ModelInput { name: name.into(), data_type, dims: vec![-1], ..Default::default() };
+    let config = ModelConfig {
+        name: "fuzz_tokenizer".into(),
+        backend: "ferry_tokenizer".into(),
+        parameters: params.iter().map(|(k, v)| (k.to_string(), param(v))).collect(),
+        // TYPE_STRING 13, TYPE_INT64 9.
+        input: if decode {
+            vec![input("IDS", 9)]
+        } else {
+            ["TEXT", "TEXT_PAIR"][..texts].iter().map(|n| input(n, 13)).collect()
+        },
+        output: if decode {
+            vec![ModelOutput { name: output.into(), data_type: 13, dims: vec![-1], ..Default::default() }]
+        } else {
+            ["input_ids", "attention_mask", "token_type_ids"]
+                .iter()
+                .map(|n| ModelOutput { name: n.to_string(), data_type: 9, dims: vec![-1], ..Default::default() })
+                .collect()
+        },
+        ..Default::default()
+    };
+    let spec = ferry::backend::InstanceSpec {
+        model_path: &folder.join("1").join("model"),
+        config: &config,
+        device: ferry::backend::Device::Cpu,
+        intra_op_threads: 1,
+        index: 0,
+    };
+    ferry::backend::native::tokenizer::TokenizerBackend.load(&spec).unwrap()
 }
