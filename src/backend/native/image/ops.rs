@@ -36,10 +36,14 @@ pub struct Pixels {
 }
 
 /// Whether a JPEG's last scan is followed by its end-of-image marker (FF D9 cannot occur inside
-/// entropy-coded data), so a cut-off upload is refused rather than decoded half grey.
+/// entropy-coded data), so a cut-off upload is refused rather than decoded half grey. Searched
+/// from where the markers usually are (the last end of image at the very end, a scan near the
+/// start), not across the whole entropy-coded data: no start of scan after the last end of image,
+/// and one before it.
 fn jpeg_complete(bytes: &[u8]) -> bool {
-    let last_scan = bytes.windows(2).rposition(|w| w == [0xFF, 0xDA]);
-    last_scan.is_some_and(|at| bytes[at..].windows(2).any(|w| w == [0xFF, 0xD9]))
+    let marker = |m: u8| move |w: &[u8]| w == [0xFF, m];
+    let Some(end) = bytes.windows(2).rposition(marker(0xD9)) else { return false };
+    !bytes[end..].windows(2).any(marker(0xDA)) && bytes[..end].windows(2).any(marker(0xDA))
 }
 
 /// Decodes an encoded image into RGB or gray pixels. `max_pixels` is checked on the header.
@@ -415,6 +419,23 @@ mod tests {
 
     fn pixels(w: u32, h: u32) -> Pixels {
         Pixels { width: w, height: h, channels: 3, data: (0..w * h * 3).map(|i| (i % 251) as u8).collect() }
+    }
+
+    #[test]
+    fn a_jpeg_is_complete_when_an_end_of_image_follows_its_last_scan() {
+        // Markers only: SOI, an EXIF thumbnail (its own SOI, scan, EOI) inside APP1, the main scan.
+        let thumb = [0xFF, 0xE1, 0, 8, 0xFF, 0xD8, 0xFF, 0xDA, 1, 2, 0xFF, 0xD9];
+        let main = [0xFF, 0xDA, 0, 4, 9, 0xFF, 0x00, 7];
+        let jpeg = |parts: &[&[u8]]| {
+            [&[0xFF, 0xD8][..]].iter().chain(parts).flat_map(|p| p.iter().copied()).collect::<Vec<u8>>()
+        };
+        assert!(jpeg_complete(&jpeg(&[&main, &[0xFF, 0xD9]])));
+        assert!(jpeg_complete(&jpeg(&[&thumb, &main, &[0xFF, 0xD9]])));
+        assert!(jpeg_complete(&jpeg(&[&main, &[0xFF, 0xD9, 0, 0, 0x12]])), "bytes after the end of image");
+        assert!(!jpeg_complete(&jpeg(&[&main])), "cut off in the scan");
+        assert!(!jpeg_complete(&jpeg(&[&thumb, &main])), "only the thumbnail ends");
+        assert!(!jpeg_complete(&jpeg(&[&[0xFF, 0xD9]])), "no scan at all");
+        assert!(!jpeg_complete(&[]));
     }
 
     #[test]
