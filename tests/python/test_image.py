@@ -1,6 +1,7 @@
 """`backend: "ferry_image"` through the real server against references computed here with PIL and
 numpy: the CLIP (Hugging Face) and ImageNet (torchvision) presets, every format (JPEG, PNG, WebP,
-BMP, GIF's first frame), EXIF orientation, each resize filter, gray and BGR, NHWC, FP16 and UINT8
+BMP, GIF's first frame), every image mode (gray, CMYK, alpha, palettes, 1-bit, 16-bit), EXIF
+orientation, each resize filter, gray and BGR, NHWC, FP16 and UINT8
 outputs, raw and base64 input, the YOLO letterbox and its box mapping; and corrupt, truncated and
 100-megapixel images failing only their own request.
 
@@ -71,6 +72,7 @@ def server(tmp_path_factory):
           '{ name: "PIXELS" data_type: TYPE_FP16 dims: [ 96, 96, 1 ] }')
     model(repo, "bgr_u8", {"resize": "exact", "size": "64,48", "color": "bgr", "layout": "nhwc"},
           '{ name: "PIXELS" data_type: TYPE_UINT8 dims: [ 48, 64, 3 ] }')
+    model(repo, "raw_u8", {"resize": "none", "layout": "nhwc"}, '{ name: "PIXELS" data_type: TYPE_UINT8 dims: [ 48, 64, 3 ] }')
     with Server(["--model-repository", repo]) as s:
         yield s
 
@@ -135,6 +137,62 @@ def test_every_format_decodes_as_pil_does(server, fmt):
         assert d.mean() < 1.0 and np.percentile(d, 99) <= 4, f"JPEG: mean {d.mean():.2f}, p99 {np.percentile(d, 99)}"
     else:
         assert d.max() == 0, f"{fmt}: max {d.max()} levels"
+
+
+def png16(samples, color_type):
+    """A 16-bit PNG (PIL writes none but gray): samples [h, w, channels] of uint16."""
+    h, w = samples.shape[:2]
+    chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    raw = b"".join(b"\0" + samples[y].astype(">u2").tobytes() for y in range(h))
+    ihdr = struct.pack(">IIBBBBB", w, h, 16, color_type, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b"")
+
+
+def wide(img, alpha=None):
+    """The photo's 8-bit channels spread over 16 bits (low bytes that PIL drops), plus alpha."""
+    a = np.asarray(img, dtype=np.uint16).reshape(img.height, img.width, -1)
+    a = a * 257 + (np.arange(a.size, dtype=np.uint16).reshape(a.shape) % 200)
+    return a if alpha is None else np.concatenate([a, np.full(a.shape[:2] + (1,), alpha, np.uint16)], -1)
+
+
+MODES = {
+    "JPEG gray": lambda p: encoded(p.convert("L"), "JPEG", quality=95),
+    "JPEG CMYK": lambda p: encoded(p.convert("CMYK"), "JPEG", quality=95),
+    "PNG RGBA": lambda p: encoded(p.convert("RGBA"), "PNG"),
+    "PNG gray+alpha": lambda p: encoded(p.convert("LA"), "PNG"),
+    "PNG palette": lambda p: encoded(p.quantize(64), "PNG"),
+    "PNG palette+transparency": lambda p: encoded(p.quantize(64), "PNG", transparency=0),
+    "PNG 1-bit": lambda p: encoded(p.convert("1"), "PNG"),
+    "PNG 16-bit RGB": lambda p: png16(wide(p), 2),
+    "PNG 16-bit RGBA": lambda p: png16(wide(p, 40000), 6),
+    "PNG 16-bit gray+alpha": lambda p: png16(wide(p.convert("L"), 9), 4),
+    "BMP palette": lambda p: encoded(p.quantize(64), "BMP"),
+    "WebP RGBA": lambda p: encoded(p.convert("RGBA"), "WEBP", lossless=True),
+}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_every_image_mode_converts_as_pil_does(server, mode):
+    """Gray, CMYK, alpha, palettes, 1-bit and 16-bit images come out as PIL's convert("RGB")."""
+    data = MODES[mode](photo(64, 48))
+    want = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"), dtype=np.int16)
+    [got] = infer(server, "raw_u8", data)
+    d = np.abs(got.astype(np.int16) - want)
+    if mode.startswith("JPEG"):
+        assert d.mean() < 1.0 and d.max() <= 4, f"{mode}: mean {d.mean():.2f}, max {d.max()}"
+    else:
+        assert d.max() == 0, f"{mode}: max {d.max()} levels"
+
+
+def test_16_bit_gray_keeps_its_image_where_pil_clips(server):
+    """PIL reads plain 16-bit gray as "I;16" and its convert("RGB") clips every value over 255 to
+    white; ferry takes the high byte, as PIL itself does for 16-bit colour."""
+    samples = wide(photo(64, 48).convert("L"))
+    data = png16(samples, 0)
+    [got] = infer(server, "raw_u8", data)
+    assert (got == (samples >> 8).astype(np.uint8)).all()
+    pil = np.asarray(Image.open(io.BytesIO(data)).convert("RGB"))
+    assert (pil[samples[..., 0] > 255] == 255).all(), "what PIL gives: white wherever the value passes 255"
 
 
 @pytest.mark.parametrize("name,flt", [("bilinear", Image.BILINEAR), ("bicubic", Image.BICUBIC), ("lanczos", Image.LANCZOS)])

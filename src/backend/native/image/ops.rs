@@ -92,7 +92,28 @@ fn decode_rgb(bytes: &[u8], max_pixels: u64) -> Result<image::RgbImage, String> 
     let orientation = decoder.orientation().map_err(|e| format!("cannot read the image's orientation: {e}"))?;
     let mut img = DynamicImage::from_decoder(decoder).map_err(|e| format!("cannot decode the image: {e}"))?;
     img.apply_orientation(orientation);
-    Ok(img.into_rgb8())
+    Ok(rgb8(img))
+}
+
+/// 8-bit RGB as PIL's `convert("RGB")` gives it. 16-bit samples keep their high byte, as PIL reads
+/// 16-bit colour and gray-with-alpha PNGs (the image crate would round v/257, one level off at
+/// times). Plain 16-bit gray too, where PIL (its "I;16" mode) clips every value over 255 to white
+/// instead: ferry keeps the image.
+fn rgb8(img: DynamicImage) -> image::RgbImage {
+    let (w, h) = (img.width(), img.height());
+    let (samples, channels): (&[u16], usize) = match &img {
+        DynamicImage::ImageLuma16(i) => (i.as_raw(), 1),
+        DynamicImage::ImageLumaA16(i) => (i.as_raw(), 2),
+        DynamicImage::ImageRgb16(i) => (i.as_raw(), 3),
+        DynamicImage::ImageRgba16(i) => (i.as_raw(), 4),
+        _ => return img.into_rgb8(),
+    };
+    let high = |v: u16| (v >> 8) as u8;
+    let data = samples
+        .chunks_exact(channels)
+        .flat_map(|p| if channels < 3 { [high(p[0]); 3] } else { [high(p[0]), high(p[1]), high(p[2])] })
+        .collect();
+    image::RgbImage::from_raw(w, h, data).expect("three samples per pixel")
 }
 
 /// The filter's weight at `x` and how far it reaches (PIL's definitions).
