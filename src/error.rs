@@ -141,6 +141,15 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
+/// What a caught panic said (its `&str` or `String` payload; empty for any other payload).
+pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

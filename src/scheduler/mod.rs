@@ -178,11 +178,7 @@ fn serve_instance(
         }));
         shared.stats.running(-n);
         let Err(panic) = ran else { continue };
-        let what = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
+        let what = crate::error::panic_message(&*panic);
         tracing::error!(model = %ctx.name, version = ctx.version, instance = i, panic = %what, "a model instance panicked; its batch failed");
         shared.responder.abandon(&seqs);
         if let Some(rebuild) = &rebuild {

@@ -156,12 +156,7 @@ pub fn contain_panic<T>(
     f: impl FnOnce() -> std::result::Result<T, String>,
 ) -> std::result::Result<T, String> {
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|panic| {
-        let why = panic
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        Err(format!("cannot decode the {what}: the decoder failed on it ({why})"))
+        Err(format!("cannot decode the {what}: the decoder failed on it ({})", crate::error::panic_message(&*panic)))
     })
 }
 
