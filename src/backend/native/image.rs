@@ -8,8 +8,10 @@
 //! `pad_value` (letterbox); `scale`, `mean`, `std` (per channel); `layout` nchw|nhwc; the output's
 //! datatype (FP32, FP16, or UINT8 for raw pixels). A second FP32 output of `dims: [ 4 ]` gets
 //! `[scale_x, scale_y, pad_x, pad_y]` (x' = x * scale + pad), to map boxes back. `max_pixels`
-//! (50 million) bounds what one image may decode to. Each request runs on its own: a corrupt
-//! image fails only its request.
+//! (50 million) bounds what one image may decode to, what a resize may make of it (its output,
+//! its intermediate rows, and 16 multiply-adds per pixel of the limit), and the configured
+//! `size` and `crop`; `max_aspect_ratio` (100) refuses images too long and thin to resize.
+//! Each request runs on its own: a corrupt or refused image fails only its request.
 use std::path::Path;
 
 use base64::Engine as _;
@@ -23,7 +25,7 @@ use crate::{
 };
 
 mod ops;
-use ops::{Color, Filter, Pixels};
+use ops::{Color, Filter, Pixels, Resample};
 
 pub struct ImageBackend;
 
@@ -43,6 +45,7 @@ const KEYS: &[&str] = &[
     "std",
     "layout",
     "max_pixels",
+    "max_aspect_ratio",
 ];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +80,7 @@ struct Steps {
     std: Vec<f32>,
     nchw: bool,
     max_pixels: u64,
+    max_aspect: u32,
 }
 
 struct ImageInstance {
@@ -108,6 +112,7 @@ fn preset(name: &str) -> Steps {
         std: vec![1.0],
         nchw: true,
         max_pixels: 50_000_000,
+        max_aspect: 100,
     };
     match name {
         // Hugging Face's CLIPImageProcessor.
@@ -184,6 +189,21 @@ fn steps(p: &Params<'_>) -> Result<Steps> {
     if std.contains(&0.0) {
         return Err(p.fail("std", p.text("std").unwrap_or_default(), "a standard deviation cannot be 0"));
     }
+    let max_pixels = p.number("max_pixels", d.max_pixels, 1..=1_000_000_000)?;
+    let crop = dims2(p, "crop")?.or(d.crop);
+    // Every image comes out this size (exact, letterbox, crop): it must fit the pixel limit too.
+    let fixed = [("size", (resize == Resize::Exact || resize == Resize::Letterbox).then_some(size)), ("crop", crop)];
+    for (key, dims) in fixed {
+        if let Some((w, h)) = dims
+            && u64::from(w) * u64::from(h) > max_pixels
+        {
+            return Err(p.fail(
+                key,
+                &format!("{w},{h}"),
+                format!("at most {max_pixels} pixels (parameter 'max_pixels')"),
+            ));
+        }
+    }
     Ok(Steps {
         encoding: p.choice(
             "encoding",
@@ -204,14 +224,15 @@ fn steps(p: &Params<'_>) -> Result<Steps> {
             ],
         )?,
         antialias: p.flag("antialias", d.antialias)?,
-        crop: dims2(p, "crop")?.or(d.crop),
+        crop,
         crop_round: p.choice("crop_offset", d.crop_round, &[("floor", false), ("round", true)])?,
         pad: p.number("pad_value", d.pad, 0..=255)?,
         scale: p.number("scale", d.scale, f32::MIN..=f32::MAX)?,
         mean: channels(p, "mean", &d.mean, n)?,
         std,
         nchw: p.choice("layout", d.nchw, &[("nchw", true), ("nhwc", false)])?,
-        max_pixels: p.number("max_pixels", d.max_pixels, 1..=1_000_000_000)?,
+        max_pixels,
+        max_aspect: p.number("max_aspect_ratio", d.max_aspect, 1..=10_000)?,
     })
 }
 
@@ -313,14 +334,29 @@ impl ImageInstance {
         };
         let p = ops::decode(bytes, s.color, s.max_pixels)?;
         let (w, h) = (p.width, p.height);
+        let how = Resample { filter: s.filter, antialias: s.antialias, max_pixels: s.max_pixels };
+        if s.resize != Resize::None && u64::from(w.max(h)) > u64::from(w.min(h)) * u64::from(s.max_aspect) {
+            return Err(format!(
+                "the image is {w}x{h} pixels, too long and thin to resize: its sides may differ by a factor of at \
+                 most {} (parameter 'max_aspect_ratio')",
+                s.max_aspect
+            ));
+        }
         let (mut p, mut map) = match s.resize {
             Resize::None => (p, [1.0, 1.0, 0.0, 0.0]),
-            Resize::Letterbox => ops::letterbox(&p, s.size.0, s.size.1, s.pad, s.filter, s.antialias)?,
+            Resize::Letterbox => ops::letterbox(&p, s.size, s.pad, how)?,
             r => {
                 let (nw, nh) = match r {
                     Resize::Exact => s.size,
                     _ => ops::side_size(w, h, s.size.0, r == Resize::Longest),
                 };
+                if u64::from(nw) * u64::from(nh) > s.max_pixels {
+                    return Err(format!(
+                        "the image is {w}x{h} pixels, which resizes to {nw}x{nh}, over the limit of {} pixels \
+                         (parameter 'max_pixels')",
+                        s.max_pixels
+                    ));
+                }
                 let map = [nw as f32 / w as f32, nh as f32 / h as f32, 0.0, 0.0];
                 match s.crop {
                     // A crop inside the resized image: only its pixels are resampled.
@@ -329,10 +365,10 @@ impl ImageInstance {
                         let top = ops::crop_offset(nh, ch, s.crop_round);
                         let (x0, y0) = (left as usize, top as usize);
                         let window = (x0..x0 + cw as usize, y0..y0 + ch as usize);
-                        let p = ops::resize_window(&p, (nw, nh), (s.filter, s.antialias), window)?;
+                        let p = ops::resize_window(&p, (nw, nh), how, window)?;
                         return Ok((p, [map[0], map[1], -(left as f32), -(top as f32)]));
                     }
-                    _ => (ops::resize(&p, nw, nh, s.filter, s.antialias)?, map),
+                    _ => (ops::resize(&p, (nw, nh), how)?, map),
                 }
             }
         };

@@ -154,17 +154,17 @@ fn kernel(filter: Filter) -> (fn(f64) -> f64, f64) {
 /// Fixed-point bits of the weights, as PIL's 8-bit resampling.
 const PRECISION: u32 = 22;
 
-/// For each output position: the first input position, and the integer weights. With
-/// `antialias` the filter widens with the downscale factor (PIL); without, it keeps its size
-/// (plain interpolation, as OpenCV's `resize`).
-fn coefficients(input: u32, output: u32, filter: Filter, antialias: bool) -> Vec<(usize, Vec<i32>)> {
+/// For each output position in `window` (of `output`; a crop needs no others): the first input
+/// position, and the integer weights. With `antialias` the filter widens with the downscale
+/// factor (PIL); without, it keeps its size (plain interpolation, as OpenCV's `resize`).
+fn coefficients(input: u32, output: u32, filter: Filter, antialias: bool, window: Range<usize>) -> Coefficients {
     let (f, support) = kernel(filter);
     let scale = f64::from(input) / f64::from(output);
     let filterscale = if antialias { scale.max(1.0) } else { 1.0 };
     let support = support * filterscale;
-    (0..output)
+    window
         .map(|xx| {
-            let center = (f64::from(xx) + 0.5) * scale;
+            let center = (xx as f64 + 0.5) * scale;
             let xmin = ((center - support + 0.5) as i64).max(0) as usize;
             let xmax = ((center + support + 0.5) as i64).min(i64::from(input)) as usize;
             let weights: Vec<f64> =
@@ -191,11 +191,41 @@ const HALF: i32 = 1 << (PRECISION - 1);
 
 type Coefficients = Vec<(usize, Vec<i32>)>;
 
-/// The coefficients of the output positions in `window` only (the rest of a crop is never needed).
-fn windowed(mut coeffs: Coefficients, window: Range<usize>) -> Coefficients {
-    coeffs.truncate(window.end);
-    coeffs.drain(..window.start.min(coeffs.len()));
-    coeffs
+/// How an image is resampled, and what one image may cost: `max_pixels` bounds every buffer a
+/// resize makes (its output and the horizontal pass's rows) and, times [`WORK_PER_PIXEL`], the
+/// multiply-adds per channel.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Resample {
+    pub filter: Filter,
+    pub antialias: bool,
+    pub max_pixels: u64,
+}
+
+/// Multiply-adds per channel a resize may take, per pixel of `max_pixels`: 12 covers the
+/// costliest legitimate case (Lanczos, antialiased, reaching 3 input pixels each side per
+/// downscale step) of an image at the limit; anything past 16 is an image built to be slow.
+pub const WORK_PER_PIXEL: u64 = 16;
+
+/// Refuses, with the reason, a resize past the bounds of `how` before anything is allocated.
+fn check_cost(what: &str, pixels: u64, work: u64, how: Resample) -> Result<(), String> {
+    if pixels > how.max_pixels {
+        return Err(format!(
+            "resizing it needs {what} of {pixels} pixels, over the limit of {} (parameter 'max_pixels')",
+            how.max_pixels
+        ));
+    }
+    let most = how.max_pixels.saturating_mul(WORK_PER_PIXEL);
+    if work > most {
+        return Err(format!(
+            "resizing it takes {work} multiply-adds per channel, over the limit of {most} ({WORK_PER_PIXEL} x \
+             parameter 'max_pixels')"
+        ));
+    }
+    Ok(())
+}
+
+fn taps(coeffs: &Coefficients) -> u64 {
+    coeffs.iter().map(|(_, k)| k.len() as u64).sum()
 }
 
 // Both passes round to 8 bits as PIL does between passes, with 32-bit sums as PIL's (weights in
@@ -306,12 +336,14 @@ fn vertical(p: &Pixels, coeffs: &[(usize, Vec<i32>)], offset: usize) -> Pixels {
 /// Resizes to `width` x `height` as PIL's `Image.resize` does (bit for bit): nearest, or a
 /// separable convolution widened by the downscale factor (antialiasing); without `antialias`
 /// the kernel keeps its size, as OpenCV's `resize` (what YOLO pre-processing uses).
-pub fn resize(p: &Pixels, width: u32, height: u32, filter: Filter, antialias: bool) -> Result<Pixels, String> {
+pub fn resize(p: &Pixels, (width, height): (u32, u32), how: Resample) -> Result<Pixels, String> {
     let (width, height) = (width.max(1), height.max(1));
     if (width, height) == (p.width, p.height) {
         return Ok(p.clone());
     }
-    if filter == Filter::Nearest {
+    if how.filter == Filter::Nearest {
+        let out = u64::from(width) * u64::from(height);
+        check_cost("an image", out, out, how)?;
         // PIL steps the source position by repeated addition; the same sums pick the same pixels.
         let positions = |size: u32, have: u32| {
             let step = f64::from(have) / f64::from(size);
@@ -335,7 +367,7 @@ pub fn resize(p: &Pixels, width: u32, height: u32, filter: Filter, antialias: bo
         }
         return Ok(Pixels { width, height, channels: c, data });
     }
-    resize_window(p, (width, height), (filter, antialias), (0..width as usize, 0..height as usize))
+    resize_window(p, (width, height), how, (0..width as usize, 0..height as usize))
 }
 
 /// The part `xs` x `ys` of the image `resize` would make (a crop fused with the resize: each
@@ -343,24 +375,36 @@ pub fn resize(p: &Pixels, width: u32, height: u32, filter: Filter, antialias: bo
 pub fn resize_window(
     p: &Pixels,
     (width, height): (u32, u32),
-    how: (Filter, bool),
+    how: Resample,
     (xs, ys): (Range<usize>, Range<usize>),
 ) -> Result<Pixels, String> {
-    let (filter, antialias) = how;
-    let across = (width != p.width || xs.len() != p.width as usize)
-        .then(|| windowed(coefficients(p.width, width, filter, antialias), xs));
+    let (ow, oh) = (xs.len() as u64, ys.len() as u64);
+    check_cost("an image", ow * oh, 0, how)?;
+    let (filter, antialias) = (how.filter, how.antialias);
+    let across =
+        (width != p.width || xs.len() != p.width as usize).then(|| coefficients(p.width, width, filter, antialias, xs));
     let down = (height != p.height || ys.len() != p.height as usize)
-        .then(|| windowed(coefficients(p.height, height, filter, antialias), ys));
+        .then(|| coefficients(p.height, height, filter, antialias, ys));
+    // Only the input rows the vertical pass reads go through the horizontal one.
+    let rows = match &down {
+        Some(v) => {
+            let first = v.iter().map(|(s, _)| *s).min().unwrap_or(0);
+            first..v.iter().map(|(s, k)| s + k.len()).max().unwrap_or(first)
+        }
+        None => 0..p.height as usize,
+    };
+    let (h_work, across_w) = match &across {
+        Some(h) => (taps(h) * rows.len() as u64, ow),
+        None => (0, u64::from(p.width)),
+    };
+    let v_work = down.as_ref().map_or(0, |v| taps(v) * across_w);
+    let between = if across.is_some() && down.is_some() { ow * rows.len() as u64 } else { 0 };
+    check_cost("rows", between, h_work + v_work, how)?;
     Ok(match (across, down) {
         (None, None) => p.clone(),
-        (Some(h), None) => horizontal(p, &h, 0..p.height as usize),
+        (Some(h), None) => horizontal(p, &h, rows),
         (None, Some(v)) => vertical(p, &v, 0),
-        (Some(h), Some(v)) => {
-            // Only the input rows the vertical pass reads go through the horizontal one.
-            let first = v.iter().map(|(s, _)| *s).min().unwrap_or(0);
-            let end = v.iter().map(|(s, k)| s + k.len()).max().unwrap_or(first);
-            vertical(&horizontal(p, &h, first..end), &v, first)
-        }
+        (Some(h), Some(v)) => vertical(&horizontal(p, &h, rows.clone()), &v, rows.start),
     })
 }
 
@@ -411,16 +455,14 @@ pub fn center_crop(p: &Pixels, width: u32, height: u32, round: bool) -> (Pixels,
 /// `pad` grey. Returns the pixels and `[scale_x, scale_y, pad_x, pad_y]` (x' = x * scale + pad).
 pub fn letterbox(
     p: &Pixels,
-    width: u32,
-    height: u32,
+    (width, height): (u32, u32),
     pad: u8,
-    filter: Filter,
-    antialias: bool,
+    how: Resample,
 ) -> Result<(Pixels, [f32; 4]), String> {
     let r = (f64::from(width) / f64::from(p.width)).min(f64::from(height) / f64::from(p.height));
     let nw = (f64::from(p.width) * r).round_ties_even().max(1.0) as u32;
     let nh = (f64::from(p.height) * r).round_ties_even().max(1.0) as u32;
-    let scaled = resize(p, nw, nh, filter, antialias)?;
+    let scaled = resize(p, (nw, nh), how)?;
     let (dw, dh) = (f64::from(width - nw.min(width)) / 2.0, f64::from(height - nh.min(height)) / 2.0);
     let (left, top) = ((dw - 0.1).round_ties_even() as u32, (dh - 0.1).round_ties_even() as u32);
     let c = p.channels;
@@ -483,7 +525,8 @@ mod tests {
     #[test]
     fn letterbox_centres_and_reports_the_mapping() {
         let p = pixels(640, 480);
-        let (out, map) = letterbox(&p, 320, 320, 114, Filter::Bilinear, false).unwrap();
+        let how = Resample { filter: Filter::Bilinear, antialias: false, max_pixels: 1 << 20 };
+        let (out, map) = letterbox(&p, (320, 320), 114, how).unwrap();
         assert_eq!((out.width, out.height), (320, 320));
         assert_eq!(map, [0.5, 0.5, 0.0, 40.0]);
         assert_eq!(&out.data[..3], &[114, 114, 114], "the band above the image is grey");
@@ -507,12 +550,36 @@ mod tests {
         let mut p = pixels(97, 61);
         p.data.iter_mut().enumerate().for_each(|(i, v)| *v = (i * 7919 % 251) as u8);
         for filter in [Filter::Bilinear, Filter::Bicubic, Filter::Lanczos] {
-            let full = resize(&p, 50, 32, filter, true).unwrap();
+            let how = Resample { filter, antialias: true, max_pixels: 1 << 20 };
+            let full = resize(&p, (50, 32), how).unwrap();
             let (crop, (left, top)) = center_crop(&full, 24, 20, false);
             let (x0, y0) = (left as usize, top as usize);
-            let window = resize_window(&p, (50, 32), (filter, true), (x0..x0 + 24, y0..y0 + 20)).unwrap();
+            let window = resize_window(&p, (50, 32), how, (x0..x0 + 24, y0..y0 + 20)).unwrap();
             assert_eq!(window, crop, "{filter:?}");
         }
+    }
+
+    #[test]
+    fn a_resize_past_its_bounds_is_refused_before_it_allocates() {
+        let tall = Pixels { width: 1, height: 10_000, channels: 3, data: vec![7; 30_000] };
+        let how = |max_pixels| Resample { filter: Filter::Bilinear, antialias: true, max_pixels };
+        // 256 x 2,560,000 asked for, a 224 x 224 window kept: only the window's coefficients.
+        let window = resize_window(&tall, (256, 2_560_000), how(1 << 20), (16..240, 1_279_888..1_280_112)).unwrap();
+        assert_eq!((window.width, window.height), (224, 224));
+        let e = resize(&tall, (256, 2_560_000), how(50_000_000)).unwrap_err();
+        assert!(e.contains("655360000 pixels, over the limit of 50000000"), "{e}");
+        let e = resize(&tall, (256, 2_560_000), Resample { filter: Filter::Nearest, ..how(50_000_000) }).unwrap_err();
+        assert!(e.contains("over the limit of 50000000"), "{e}");
+        // Wider and one row high: a small output, but the horizontal pass widens every input row.
+        let wide = Pixels { width: 4000, height: 2000, channels: 1, data: vec![1; 8_000_000] };
+        let e = resize(&wide, (8000, 1), how(8_000_000)).unwrap_err();
+        assert!(e.contains("needs rows of 16000000 pixels"), "{e}");
+        let e = resize(&wide, (1, 1), Resample { filter: Filter::Lanczos, ..how(100_000) }).unwrap_err();
+        assert!(e.contains("multiply-adds per channel, over the limit of 1600000"), "{e}");
+        assert_eq!(
+            resize(&wide, (1, 1), Resample { filter: Filter::Lanczos, ..how(8_000_000) }).unwrap().data.len(),
+            1
+        );
     }
 
     #[test]
@@ -530,7 +597,7 @@ mod tests {
             (36, Filter::Bilinear, true),
             (60, Filter::Bicubic, true),
         ] {
-            let coeffs = coefficients(37, out, filter, antialias);
+            let coeffs = coefficients(37, out, filter, antialias, 0..out as usize);
             let taps = coeffs.iter().map(|(_, k)| k.len()).max().unwrap();
             covered.push(taps);
             let want = horizontal_any(&p, &coeffs, 1..4);
@@ -540,6 +607,6 @@ mod tests {
         for (lo, hi) in [(1, 4), (5, 6), (7, 8)] {
             assert!(covered.iter().any(|t| (lo..=hi).contains(t)), "{lo}-{hi} taps covered: {covered:?}");
         }
-        assert!(horizontal_rgb::<8>(&pixels(5, 2), &coefficients(5, 3, Filter::Bilinear, true), 0..2).is_none());
+        assert!(horizontal_rgb::<8>(&pixels(5, 2), &coefficients(5, 3, Filter::Bilinear, true, 0..3), 0..2).is_none());
     }
 }

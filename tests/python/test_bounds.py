@@ -1,0 +1,104 @@
+"""The second hardening pass: each attack of the review reproduced against the real binary, and the
+server alive, answering, and within its memory bound afterwards (peak RSS read from /proc)."""
+import os
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+import models
+from ferry_server import Server
+
+
+def peak_rss(server):
+    """The server's peak resident memory so far, in bytes (VmHWM)."""
+    with open(f"/proc/{server.proc.pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def gray_png(w, h):
+    """A real w x h 8-bit gray PNG, every row zero: a few kilobytes for millions of rows."""
+    chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    rows = zlib.compress(b"\0" * ((w + 1) * h), 9)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", rows) + chunk(b"IEND", b""))
+
+
+def image_model(repo, name, params, dims):
+    ps = ", ".join(f'{{ key: "{k}" value {{ string_value: "{v}" }} }}' for k, v in params.items())
+    models.write(os.path.join(repo, name, "config.pbtxt"), f"""
+name: "{name}"
+backend: "ferry_image"
+max_batch_size: 8
+parameters [ {ps} ]
+input [ {{ name: "IMAGE" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "PIXELS" data_type: TYPE_FP32 dims: [ {", ".join(map(str, dims))} ] }} ]
+""")
+    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    repo = str(tmp_path_factory.mktemp("bounds"))
+    image_model(repo, "imagenet", {"preset": "imagenet"}, (3, 224, 224))
+    image_model(repo, "clip", {"preset": "clip"}, (3, 224, 224))
+    image_model(repo, "nearest", {"resize": "shortest", "size": "256", "filter": "nearest"}, (3, -1, -1))
+    image_model(repo, "letterbox", {"preset": "yolo"}, (3, 640, 640))
+    with Server(["--model-repository", repo]) as s:
+        yield s
+
+
+def infer_image(client, model, data):
+    i = httpclient.InferInput("IMAGE", [1, 1], "BYTES").set_data_from_numpy(np.array([[data]], dtype=np.object_))
+    return client.infer(model, [i])
+
+
+@pytest.mark.parametrize("model", ["imagenet", "clip", "nearest", "letterbox"])
+@pytest.mark.parametrize("w,h", [(1, 10_000_000), (200_000, 1), (1, 200_000)])
+def test_a_tiny_tall_image_is_refused_without_allocating(images, model, w, h):
+    data = gray_png(w, h)
+    assert len(data) < 64 << 10
+    before = peak_rss(images)
+    client = images.client()
+    with pytest.raises(InferenceServerException, match=r"too long and thin to resize.*'max_aspect_ratio'") as e:
+        infer_image(client, model, data)
+    assert f"{w}x{h} pixels" in str(e.value)
+    assert peak_rss(images) - before < 200 << 20
+    # Still serving: an ordinary image goes through the same model.
+    out = infer_image(client, model, gray_png(64, 48)).as_numpy("PIXELS")
+    assert out.shape[:2] == (1, 3)
+    assert client.is_server_live() and client.is_model_ready(model)
+
+
+def test_the_embedded_examples_refuse_it_too():
+    with Server([]) as s:
+        client = s.client()
+        with pytest.raises(InferenceServerException, match="too long and thin"):
+            infer_image(client, "color_match_image", gray_png(1, 10_000_000))
+        assert infer_image(client, "color_match_image", gray_png(40, 30)).as_numpy("PIXELS").shape == (1, 3, 32, 32)
+
+
+def test_long_but_reasonable_images_still_resize(images):
+    # 80:1, under the default ratio of 100: resized and cropped as before.
+    out = infer_image(images.client(), "imagenet", gray_png(20, 1600)).as_numpy("PIXELS")
+    assert out.shape == (1, 3, 224, 224)
+
+
+def test_configured_sizes_past_max_pixels_are_refused_at_load(tmp_path):
+    repo = str(tmp_path)
+    image_model(repo, "huge_crop", {"resize": "shortest", "size": "256", "crop": "16384", "max_pixels": "1000000"},
+                (3, 16384, 16384))
+    image_model(repo, "huge_exact", {"resize": "exact", "size": "16384,16384"}, (3, 16384, 16384))
+    image_model(repo, "fine", {"resize": "exact", "size": "32"}, (3, 32, 32))
+    with Server(["--model-repository", repo, "--exit-on-error=false"]) as s:
+        client = s.client()
+        assert client.is_model_ready("fine")
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+        assert "parameter 'crop'" in index["huge_crop"]["reason"] and "at most 1000000 pixels" in index["huge_crop"]["reason"]
+        assert "parameter 'size'" in index["huge_exact"]["reason"] and "at most 50000000" in index["huge_exact"]["reason"]
