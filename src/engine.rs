@@ -18,7 +18,7 @@ use crate::{
     model::{ModelVersion, Runner},
     proto::inference::ModelConfig,
     repository::{control::ModelRepository, registry::Registry},
-    request::{InferRequest, InferResponse, ShmRef},
+    request::{InferRequest, InferResponse, MAX_NESTING, ShmRef},
     settings::{Logging, TraceSettings, TraceUpdate, Tracing},
     shm::SharedMemory,
     stats::Snapshot,
@@ -249,6 +249,14 @@ impl Engine {
         }
         let start = Instant::now();
         let (name, version) = (req.model_name.clone(), req.model_version);
+        // Loads refuse cycles and deep nesting; this holds when a race between two loads, or BLS
+        // calls (which no load can see), would make one.
+        if req.context.nesting > MAX_NESTING {
+            return Err(Error::invalid(format!(
+                "model '{name}': the request is nested more than {MAX_NESTING} ensemble steps or BLS calls deep (a \
+                 model that calls itself?)"
+            )));
+        }
         let model = self.registry.resolve(&name, version)?;
         if model.config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
             return Err(Error::unsupported(format!(
@@ -416,7 +424,8 @@ impl Engine {
                 Some(Tensor { name: spec.name.clone(), datatype: spec.datatype, shape: t.shape, data: t.data })
             })
             .collect();
-        let mut pool = ensemble::run(&ensemble, self, &req.id, &req.parameters, inputs, &req.span).await?;
+        let call = (&req.id[..], &req.parameters, &req.context);
+        let mut pool = ensemble::run(&ensemble, self, call, inputs, &req.span).await?;
         let outputs = req
             .outputs
             .iter()

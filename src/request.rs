@@ -1,10 +1,11 @@
 //! The protocol-neutral inference request and response that every front-end translates to and
 //! from. Plain data: no framework types, no validation (see `validate`).
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use bytes::Bytes;
 
 use crate::{
+    admission::Ticket,
     device::DeviceBytes,
     tensor::{DataType, Tensor},
 };
@@ -84,6 +85,44 @@ pub struct InferRequest {
     pub outputs: Vec<RequestedOutput>,
     /// The caller's W3C `traceparent`, to continue its trace.
     pub trace_parent: Option<String>,
+    pub context: Context,
+}
+
+/// How many ensemble steps or BLS calls deep a request may be: deeper is a cycle, or a pipeline
+/// no one writes, and each level holds a task's stack.
+pub const MAX_NESTING: u32 = 16;
+
+/// What travels with a request besides what its client sent.
+#[derive(Clone, Default)]
+pub struct Context {
+    /// Ensemble steps and BLS calls between this request and its client's (0: the client's own).
+    pub nesting: u32,
+    /// The client request's admission ticket: its bytes count against the server's budget for
+    /// as long as any part of the request exists (queued, batched or running), whoever holds it.
+    pub ticket: Option<Arc<Ticket>>,
+}
+
+impl Context {
+    /// The context of a request made on behalf of this one (an ensemble step, a BLS call).
+    pub fn nested(&self) -> Context {
+        Context { nesting: self.nesting + 1, ticket: self.ticket.clone() }
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("nesting", &self.nesting).field("ticket", &self.ticket.is_some()).finish()
+    }
+}
+
+impl PartialEq for Context {
+    fn eq(&self, other: &Self) -> bool {
+        let same_ticket = match (&self.ticket, &other.ticket) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (a, b) => a.is_none() && b.is_none(),
+        };
+        self.nesting == other.nesting && same_ticket
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

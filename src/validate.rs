@@ -62,6 +62,7 @@ pub struct ValidatedRequest {
     /// Outputs to write straight into GPU memory (CUDA shared memory), by schema output index;
     /// the reply carries them empty. Set by the engine for models whose instances run on a GPU.
     pub device_outputs: Vec<(usize, DeviceBytes)>,
+    pub context: crate::request::Context,
 }
 
 pub fn validate(model: &str, schema: &Schema, req: InferRequest) -> Result<ValidatedRequest> {
@@ -102,6 +103,7 @@ pub fn validate(model: &str, schema: &Schema, req: InferRequest) -> Result<Valid
         span: tracing::Span::none(),
         stream: None,
         device_outputs: Vec::new(),
+        context: req.context,
     })
 }
 

@@ -14,6 +14,7 @@ use crate::{
     tensor::{DataType, shape_string},
 };
 
+pub mod graph;
 mod run;
 pub use run::{StepEngine, StepFuture, run};
 

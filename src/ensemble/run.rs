@@ -11,7 +11,7 @@ use tracing::Instrument;
 use super::Ensemble;
 use crate::{
     error::Result,
-    request::{InferRequest, InferResponse, InputTensor, Parameters, RequestedOutput},
+    request::{Context, InferRequest, InferResponse, InputTensor, Parameters, RequestedOutput},
     telemetry::otel,
     tensor::Tensor,
 };
@@ -27,8 +27,7 @@ pub trait StepEngine: Send + Sync {
 pub async fn run(
     ensemble: &Ensemble,
     engine: &dyn StepEngine,
-    id: &str,
-    parameters: &Parameters,
+    (id, parameters, context): (&str, &Parameters, &Context),
     inputs: Vec<Tensor>,
     span: &tracing::Span,
 ) -> Result<HashMap<String, Tensor>> {
@@ -69,6 +68,7 @@ pub async fn run(
                     .map(|(o, _)| RequestedOutput { name: o.clone(), ..Default::default() })
                     .collect(),
                 trace_parent: None,
+                context: context.nested(),
             };
             let step_span = otel::step_span(span, i, &step.model);
             running.push(async move { (i, engine.infer_step(req).instrument(step_span).await) });

@@ -145,8 +145,10 @@ impl ModelRepository {
             let registry = self.loader.registry();
             for dep in steps.into_iter().filter(|d| registry.resolve(d, None).is_err()) {
                 if dep == name || chain.contains(&dep) {
+                    let cycle: Vec<&str> = chain.iter().map(String::as_str).chain([name, &dep[..]]).collect();
                     return Err(Error::invalid(format!(
-                        "failed to load '{name}': ensembles {chain:?} and '{name}' run each other"
+                        "failed to load '{name}': ensembles would call each other in a cycle: {}",
+                        cycle.join(" -> ")
                     )));
                 }
                 tracing::info!(model = %dep, ensemble = name, "loading a composing model of the ensemble");

@@ -295,6 +295,7 @@ fn load_ensemble(
 ) -> std::result::Result<ModelVersion, String> {
     let schema = Arc::new(Schema::from_config(&p.config, p.labels.clone()).map_err(|e| e.to_string())?);
     let ensemble = Ensemble::plan(&p.config, &schema, registry)?;
+    crate::ensemble::graph::check(&ensemble, &registry.ensembles())?;
     let content = cache_content(p, dir, version, options)?;
     Ok(ModelVersion {
         name: name.to_string(),

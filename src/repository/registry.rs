@@ -135,6 +135,13 @@ impl Registry {
             .collect()
     }
 
+    /// Every serving ensemble version, with its model's name.
+    pub fn ensembles(&self) -> Vec<(String, Arc<crate::ensemble::Ensemble>)> {
+        let models = self.read();
+        let versions = models.iter().flat_map(|(n, e)| e.versions.values().map(move |s| (n, s)));
+        versions.filter_map(|(n, s)| Some((n.clone(), Arc::clone(s.serving.as_ref()?.ensemble()?)))).collect()
+    }
+
     /// Every model the registry knows and that was not unloaded on purpose, by name.
     pub fn names(&self) -> Vec<String> {
         self.read().iter().filter(|(_, e)| !e.unloaded).map(|(n, _)| n.clone()).collect()

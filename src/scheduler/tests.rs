@@ -69,6 +69,7 @@ fn request(v: i32) -> ValidatedRequest {
         span: tracing::Span::none(),
         stream: None,
         device_outputs: Vec::new(),
+        context: Default::default(),
     }
 }
 

@@ -147,6 +147,7 @@ pub fn build(
         inputs,
         outputs: Vec::new(),
         trace_parent: None,
+        context: Default::default(),
     };
     Ok((request, notes))
 }

@@ -1,5 +1,6 @@
 """The second hardening pass: each attack of the review reproduced against the real binary, and the
 server alive, answering, and within its memory bound afterwards (peak RSS read from /proc)."""
+import json
 import os
 import struct
 import zlib
@@ -102,3 +103,57 @@ def test_configured_sizes_past_max_pixels_are_refused_at_load(tmp_path):
         index = {m["name"]: m for m in client.get_model_repository_index()}
         assert "parameter 'crop'" in index["huge_crop"]["reason"] and "at most 1000000 pixels" in index["huge_crop"]["reason"]
         assert "parameter 'size'" in index["huge_exact"]["reason"] and "at most 50000000" in index["huge_exact"]["reason"]
+
+
+def wrapper(name, calls):
+    """An ensemble over one model that takes and gives INPUT0 / OUTPUT0 (FP32, [-1])."""
+    return json.dumps({
+        "name": name, "platform": "ensemble", "max_batch_size": 8,
+        "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "ensemble_scheduling": {"step": [{"model_name": calls, "model_version": -1,
+                                          "input_map": {"INPUT0": "INPUT0"}, "output_map": {"OUTPUT0": "OUTPUT0"}}]}})
+
+
+def identity_infer(client, name):
+    x = np.arange(3, dtype=np.float32).reshape(1, 3)
+    out = client.infer(name, [httpclient.InferInput("INPUT0", [1, 3], "FP32").set_data_from_numpy(x)])
+    np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), x)
+
+
+def test_an_ensemble_cycle_is_refused_at_load_with_its_path(tmp_path):
+    repo = str(tmp_path)
+    models.identity(repo, "b", "FP32")
+    with Server(["--model-repository", repo, "--model-control-mode=explicit", "--load-model=*"]) as s:
+        client = s.client()
+        client.load_model("a", config=wrapper("a", "b"), files={"file:1/.keep": b""})
+        identity_infer(client, "a")
+        # b, which a calls, reloaded as an ensemble calling a: the first request would recurse.
+        with pytest.raises(InferenceServerException, match="cycle: b -> a -> b"):
+            client.load_model("b", config=wrapper("b", "a"), files={"file:1/.keep": b""})
+        with pytest.raises(InferenceServerException, match="cycle: c -> c"):
+            client.load_model("c", config=wrapper("c", "c"), files={"file:1/.keep": b""})
+        identity_infer(client, "a")
+        identity_infer(client, "b")
+        assert client.is_server_live()
+
+
+def test_ensembles_nest_at_most_16_deep(tmp_path):
+    repo = str(tmp_path)
+    models.identity(repo, "m", "FP32")
+    with Server(["--model-repository", repo, "--model-control-mode=explicit", "--load-model=*"]) as s:
+        client = s.client()
+        below = "m"
+        for depth in range(1, 17):
+            client.load_model(f"e{depth}", config=wrapper(f"e{depth}", below), files={"file:1/.keep": b""})
+            below = f"e{depth}"
+        # 16 deep runs (no stack runs out), a 17th is refused with the chain in the error.
+        identity_infer(client, "e16")
+        with pytest.raises(InferenceServerException, match=r"would nest 17 ensembles deep \(e17 -> e16 -> .* -> e1 -> m\), over the limit of 16"):
+            client.load_model("e17", config=wrapper("e17", "e16"), files={"file:1/.keep": b""})
+        # Nor from below: m (under all 16) reloaded as an ensemble itself.
+        models.identity(repo, "n", "FP32")
+        client.load_model("n")
+        with pytest.raises(InferenceServerException, match="would nest 17 ensembles deep"):
+            client.load_model("m", config=wrapper("m", "n"), files={"file:1/.keep": b""})
+        identity_infer(client, "e16")

@@ -97,6 +97,7 @@ fn bls_request(msg: &Value, blobs: Vec<Vec<u8>>) -> Result<InferRequest> {
             .map(|n| RequestedOutput { name: n.to_string(), ..Default::default() })
             .collect(),
         trace_parent: None,
+        context: Default::default(),
     })
 }
 

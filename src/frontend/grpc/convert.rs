@@ -88,6 +88,7 @@ pub fn request(mut r: ModelInferRequest, shm: &SharedMemory) -> Result<InferRequ
         inputs,
         outputs,
         trace_parent: None,
+        context: Default::default(),
     })
 }
 

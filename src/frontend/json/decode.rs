@@ -117,6 +117,7 @@ pub fn decode(
         inputs,
         outputs,
         trace_parent: None,
+        context: Default::default(),
     };
     Ok((request, OutputFormat { listed, default_binary }))
 }

@@ -14,6 +14,7 @@ fn request(priority: u64, timeout_us: Option<u64>) -> ValidatedRequest {
         span: tracing::Span::none(),
         stream: None,
         device_outputs: Vec::new(),
+        context: Default::default(),
     }
 }
 
