@@ -250,7 +250,10 @@ pub fn normalize_with(cfg: &mut ModelConfig, gpus: &[i32]) {
 }
 
 mod checks;
-pub use checks::{MAX_INSTANCES, MAX_WARMUP_BYTES, MAX_WARMUP_RUNS, Scalars, check_against_model, validate};
+pub use checks::{
+    MAX_INSTANCES, MAX_PRIORITY_LEVELS, MAX_THREADS, MAX_WARMUP_BYTES, MAX_WARMUP_RUNS, Scalars, check_against_model,
+    validate,
+};
 
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,9 @@ use std::time::{Duration, Instant};
 
 use crate::proto::inference::ModelDynamicBatching;
 
+/// The longest a request waits for a batch to fill.
+const MAX_DELAY: Duration = Duration::from_secs(24 * 3600);
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchPolicy {
     /// Rows one execution may hold; 0 = the model does not batch.
@@ -29,7 +32,8 @@ impl BatchPolicy {
             max_batch_size,
             dynamic: true,
             preferred,
-            max_delay: Duration::from_micros(db.max_queue_delay_microseconds),
+            // Past a day a delay means "until the batch is full"; capped, deadlines stay in range.
+            max_delay: Duration::from_micros(db.max_queue_delay_microseconds).min(MAX_DELAY),
         }
     }
 
@@ -197,5 +201,11 @@ mod tests {
         assert_eq!(p.preferred, vec![4, 8]);
         assert_eq!(p.max_delay, Duration::from_micros(50));
         assert!(!BatchPolicy::new(0, Some(&db)).dynamic);
+        // A delay past the end of time waits a day, and the deadline is computed without overflow.
+        let forever = ModelDynamicBatching { max_queue_delay_microseconds: u64::MAX, ..Default::default() };
+        let p = BatchPolicy::new(8, Some(&forever));
+        assert_eq!(p.max_delay, MAX_DELAY);
+        let t0 = Instant::now();
+        assert_eq!(run(&p, &queue(t0, &[1]), t0), Decision::WaitUntil(t0 + MAX_DELAY));
     }
 }

@@ -156,7 +156,8 @@ impl Queue {
                 reply,
             ));
         }
-        let deadline = policy.timeout(req.timeout_us).map(|t| now + t);
+        // A timeout past the end of time is no timeout.
+        let deadline = policy.timeout(req.timeout_us).and_then(|t| now.checked_add(t));
         let seq = self.next_seq;
         self.next_seq += 1;
         let queue_span = otel::queue_span(&req.span);

@@ -367,6 +367,13 @@ fn control_type(k: &crate::proto::inference::model_sequence_batching::Control) -
     }
 }
 
+/// Most bytes one implicit state may hold, and all the states of every sequence slot together
+/// (each sequence that runs holds its own copy).
+pub const MAX_STATE_BYTES: usize = 1 << 30;
+pub const MAX_STATES_BYTES: usize = 4 << 30;
+/// Most sequences one version may hold at once.
+pub const MAX_SLOTS: usize = 1 << 20;
+
 /// Reads a file of the model folder (at most the given bytes).
 pub type ReadFile<'a> = dyn Fn(&str, u64) -> std::result::Result<Vec<u8>, String> + 'a;
 
@@ -396,7 +403,8 @@ pub fn plan(
         let count = crate::tensor::element_count(&st.dims).ok_or_else(|| at("dims are too large"))?;
         let bytes = count
             .checked_mul(dt.size().ok_or_else(|| at("BYTES states are not supported"))?)
-            .ok_or_else(|| at("too large"))?;
+            .filter(|&b| b <= MAX_STATE_BYTES)
+            .ok_or_else(|| at(&format!("dims {:?} hold more than the {MAX_STATE_BYTES} bytes a state may", st.dims)))?;
         let initial = match st.initial_state.first().and_then(|i| i.state_data.as_ref()) {
             Some(StateData::DataFile(file)) => {
                 let data = read(&format!("initial_state/{file}"), bytes as u64).map_err(|e| at(&e))?;
@@ -444,8 +452,21 @@ pub fn plan(
     let slots = match &sb.strategy_choice {
         Some(StrategyChoice::Oldest(o)) if o.max_candidate_sequences > 0 => o.max_candidate_sequences as usize,
         Some(StrategyChoice::Oldest(_)) => per_instance,
-        _ => per_instance * instances.max(1),
+        _ => per_instance.saturating_mul(instances.max(1)),
     };
+    if slots > MAX_SLOTS {
+        return Err(format!(
+            "sequence_batching: {slots} sequence slots (max_candidate_sequences, or max_batch_size x instances) are \
+             over the {MAX_SLOTS} allowed"
+        ));
+    }
+    let per_sequence: usize = states.iter().map(|s| s.initial.len()).sum();
+    if per_sequence.saturating_mul(slots) > MAX_STATES_BYTES {
+        return Err(format!(
+            "sequence_batching: {slots} sequence slots x {per_sequence} bytes of state each is over the \
+             {MAX_STATES_BYTES} bytes the states of one version may hold"
+        ));
+    }
     let idle = match sb.max_sequence_idle_microseconds {
         0 => Duration::from_secs(1),
         us => Duration::from_micros(us),

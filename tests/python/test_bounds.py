@@ -2,6 +2,7 @@
 server alive, answering, and within its memory bound afterwards (peak RSS read from /proc)."""
 import json
 import os
+import re
 import struct
 import zlib
 
@@ -157,3 +158,52 @@ def test_ensembles_nest_at_most_16_deep(tmp_path):
         with pytest.raises(InferenceServerException, match="would nest 17 ensembles deep"):
             client.load_model("m", config=wrapper("m", "n"), files={"file:1/.keep": b""})
         identity_infer(client, "e16")
+
+
+@pytest.mark.parametrize("change,error", [
+    (lambda c: c.update(dynamic_batching={"priority_levels": 4000000000, "default_priority_level": 1}),
+     "priority_levels 4000000000 is over the 1024 allowed"),
+    (lambda c: c["sequence_batching"]["state"][0].update(dims=[100000, 100000]),
+     "state 'ACC_IN': dims [100000, 100000] hold more than the 1073741824 bytes a state may"),
+    (lambda c: [c["sequence_batching"].pop("direct"),
+                c["sequence_batching"].update(oldest={"max_candidate_sequences": 2000000000})],
+     "2000000000 sequence slots"),
+    (lambda c: c.update(max_batch_size=1000000, instance_group=[{"count": 100, "kind": "KIND_CPU"}]),
+     "100000000 sequence slots"),
+    (lambda c: [c["sequence_batching"]["state"][0].update(dims=[1000, 1000]), c.update(max_batch_size=2000)],
+     "2000 sequence slots x 4000000 bytes of state each"),
+    (lambda c: c.update(parameters={"intra_op_thread_count": {"string_value": "1000000"}}),
+     "parameter 'intra_op_thread_count' is '1000000'"),
+    (lambda c: c.update(instance_group=[{"count": 1000000, "kind": "KIND_CPU"}]), "at most 128 are allowed"),
+], ids=["priority levels", "state size", "candidate sequences", "direct slots", "all states", "threads", "instances"])
+def test_hostile_config_values_are_refused_at_load(tmp_path, change, error):
+    repo = str(tmp_path)
+    models.accumulator(repo, "acc")
+    # A state of any size: the model passes it through.
+    f, i32, u64 = models.TensorProto.FLOAT, models.TensorProto.INT32, models.TensorProto.UINT64
+    info = models.helper.make_tensor_value_info
+    ins = [info("INPUT", f, ["b", 1]), info("ACC_IN", f, ["b", "n", "m"]), info("START", i32, ["b", 1]),
+           info("CORRID", u64, ["b", 1])]
+    outs = [info(n, f, shape) for n, shape in
+            (("OUTPUT", ["b", 1]), ("ACC_OUT", ["b", "n", "m"]), ("CORR", ["b", 1]), ("START_OUT", ["b", 1]))]
+    nodes = [models.helper.make_node("Identity", ["INPUT"], ["OUTPUT"]),
+             models.helper.make_node("Identity", ["ACC_IN"], ["ACC_OUT"]),
+             models.helper.make_node("Cast", ["CORRID"], ["CORR"], to=f),
+             models.helper.make_node("Cast", ["START"], ["START_OUT"], to=f)]
+    models.save(models.helper.make_graph(nodes, "acc", ins, outs), os.path.join(repo, "acc", "1", "model.onnx"))
+    config_path = os.path.join(repo, "acc", "config.pbtxt")
+    with open(config_path) as cf:
+        text = cf.read().replace("dims: [ 1 ]\n            initial_state", "dims: [ 1, 1 ]\n            initial_state")
+    models.write(config_path, text)
+    with Server(["--model-repository", repo, "--model-control-mode=explicit", "--load-model=*"]) as s:
+        client = s.client()
+        config = client.get_model_config("acc")
+        change(config)
+        if "dynamic_batching" in config:
+            config.pop("sequence_batching")
+        before = peak_rss(s)
+        with pytest.raises(InferenceServerException, match=re.escape(error)):
+            client.load_model("acc", config=json.dumps(config))
+        assert peak_rss(s) - before < 200 << 20
+        # What served before still serves.
+        assert client.is_server_live() and client.is_model_ready("acc")

@@ -150,10 +150,22 @@ impl OnnxBackend {
             })?;
         }
         let param = |key: &str| config.and_then(|c| c.parameters.get(key)).map(|p| p.string_value.as_str());
-        let intra = param("intra_op_thread_count").and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
+        let threads_of = |key: &str| -> Result<Option<usize>> {
+            match param(key).map(str::trim) {
+                None | Some("" | "0") => Ok(None),
+                Some(v) => match v.parse::<usize>() {
+                    Ok(n) if n <= crate::repository::config::MAX_THREADS => Ok(Some(n)),
+                    _ => Err(Error::invalid(format!(
+                        "parameter '{key}' is '{v}'; expected a thread count from 0 (ONNX Runtime's choice) to {}",
+                        crate::repository::config::MAX_THREADS
+                    ))),
+                },
+            }
+        };
+        let intra = threads_of("intra_op_thread_count").map_err(required)?;
         let ort_err = |e| required(ort_err(e));
         builder = builder.with_intra_threads(intra.unwrap_or(threads)).map_err(ort_err)?;
-        let inter = param("inter_op_thread_count").and_then(|v| v.parse::<usize>().ok()).filter(|&n| n > 0);
+        let inter = threads_of("inter_op_thread_count").map_err(required)?;
         builder = builder.with_inter_threads(inter.unwrap_or(1)).map_err(ort_err)?;
         // Idle ONNX Runtime threads spin by default, burning the cores the server and other
         // instances need between requests; a server is better off letting them sleep.

@@ -128,6 +128,10 @@ fn check_ensemble(cfg: &ModelConfig) -> Result<(), String> {
 
 /// Most instances one model version may run (each holds a runtime session and its threads).
 pub const MAX_INSTANCES: i64 = 128;
+/// Most priority levels (each is a queue the batcher looks at for every batch).
+pub const MAX_PRIORITY_LEVELS: u64 = 1024;
+/// Most threads a runtime parameter (`intra_op_thread_count`, ...) may ask an instance for.
+pub const MAX_THREADS: usize = 1024;
 /// Most bytes one warm-up sample may allocate, and most runs of one sample.
 pub const MAX_WARMUP_BYTES: u64 = 1 << 30;
 pub const MAX_WARMUP_RUNS: u32 = 100_000;
@@ -243,6 +247,9 @@ fn validate_dynamic_batching(db: &ModelDynamicBatching, max: i32) -> Result<(), 
         return Err(format!("dynamic_batching.preferred_batch_size {p} must be between 1 and max_batch_size {max}"));
     }
     let levels = db.priority_levels;
+    if levels > MAX_PRIORITY_LEVELS {
+        return Err(format!("dynamic_batching.priority_levels {levels} is over the {MAX_PRIORITY_LEVELS} allowed"));
+    }
     if levels > 0 {
         if db.default_priority_level < 1 || db.default_priority_level > levels {
             return Err(format!(

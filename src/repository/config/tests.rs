@@ -265,4 +265,16 @@ fn what_a_config_can_allocate_is_bounded() {
     assert!(validate(&cfg).unwrap_err().contains("larger than max_batch_size"));
     cfg.model_warmup = vec![warm(vec![4], 1, u32::MAX)];
     assert!(validate(&cfg).unwrap_err().contains("count 4294967295"));
+    let mut cfg = good();
+    let levels = |n| {
+        SchedulingChoice::DynamicBatching(ModelDynamicBatching {
+            priority_levels: n,
+            default_priority_level: 1,
+            ..Default::default()
+        })
+    };
+    cfg.scheduling_choice = Some(levels(1024));
+    validate(&cfg).unwrap();
+    cfg.scheduling_choice = Some(levels(4_000_000_000));
+    assert!(validate(&cfg).unwrap_err().contains("priority_levels 4000000000 is over the 1024 allowed"));
 }

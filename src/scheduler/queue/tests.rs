@@ -149,3 +149,14 @@ fn sweeping_a_long_queue_touches_the_expired_and_the_front_only() {
     let swept = q.sweep(now + Duration::from_millis(3));
     assert_eq!(swept.len(), 1, "now near the front, the cancelled request is found");
 }
+
+#[test]
+fn a_timeout_past_the_end_of_time_is_no_timeout() {
+    let now = Instant::now();
+    let forever =
+        ModelQueuePolicy { default_timeout_microseconds: u64::MAX, allow_timeout_override: true, ..Default::default() };
+    let mut q = Queue::new(policy(0, 0, forever));
+    let _a = push(&mut q, 0, Some(u64::MAX), now).unwrap();
+    let _b = push(&mut q, 0, None, now).unwrap();
+    assert!(q.sweep(now + Duration::from_secs(3600)).is_empty());
+}
