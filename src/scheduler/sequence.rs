@@ -184,7 +184,18 @@ impl Sequences {
                 dt.wire()
             )));
         }
+        if let (SeqId::Int(n), Some(dt @ (DataType::Int32 | DataType::Uint32))) = (&f.id, self.plan.corrid) {
+            let most = if dt == DataType::Int32 { i32::MAX as u64 } else { u64::from(u32::MAX) };
+            if *n > most {
+                return Err(Error::invalid(format!(
+                    "sequence ID {n} for model '{model}' does not fit its CORRID control input ({}, at most {most})",
+                    dt.wire()
+                )));
+            }
+        }
         let states = self.acquire(&f).await?;
+        // From here the sequence is busy: a caller that goes away (its future dropped) frees it.
+        let mut busy = Busy { seqs: self, id: Some(&f.id) };
         self.fill(&mut req, &f, states);
         let wanted = req.outputs.len();
         for s in &self.plan.states {
@@ -193,6 +204,7 @@ impl Sequences {
             }
         }
         let outcome = submit(req).await;
+        busy.id = None;
         let mut inner = self.lock();
         let done = match (&outcome, inner.active.get_mut(&f.id)) {
             (Ok(resp), Some(seq)) => {
@@ -228,7 +240,9 @@ impl Sequences {
     /// request at a time.
     async fn acquire(&self, f: &Flags) -> Result<Vec<Bytes>> {
         let model = &self.plan.model;
-        let mut ticket = None;
+        // A START that gives up while waiting for a slot leaves the line.
+        let mut place = Place { seqs: self, ticket: None };
+        let ticket = &mut place.ticket;
         loop {
             let notified = self.changed.notified();
             {
@@ -298,6 +312,42 @@ impl Sequences {
             req.batch_key.extend_from_slice(&t.shape[skip.min(t.shape.len())..]);
             req.batch_key.push(-3);
         }
+    }
+}
+
+/// A START's place in the line for a slot; dropped, it leaves the line (and the next may go).
+struct Place<'a> {
+    seqs: &'a Sequences,
+    ticket: Option<u64>,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        let Some(t) = self.ticket else { return };
+        let mut inner = self.seqs.lock();
+        if let Some(at) = inner.waiting.iter().position(|&w| w == t) {
+            inner.waiting.remove(at);
+            drop(inner);
+            self.seqs.changed.notify_waiters();
+        }
+    }
+}
+
+/// A sequence running a request; dropped before the reply (its caller went away), the sequence
+/// is free again with the state it had, and its idle time counts from now.
+struct Busy<'a> {
+    seqs: &'a Sequences,
+    id: Option<&'a SeqId>,
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let Some(id) = self.id else { return };
+        if let Some(seq) = self.seqs.lock().active.get_mut(id) {
+            seq.busy = false;
+            seq.last = Instant::now();
+        }
+        self.seqs.changed.notify_waiters();
     }
 }
 

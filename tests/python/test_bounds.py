@@ -8,6 +8,7 @@ import zlib
 
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
@@ -207,3 +208,78 @@ def test_hostile_config_values_are_refused_at_load(tmp_path, change, error):
         assert peak_rss(s) - before < 200 << 20
         # What served before still serves.
         assert client.is_server_live() and client.is_model_ready("acc")
+
+
+SLOW_SEQUENCE = """
+max_batch_size: 1
+backend: "python"
+input [ { name: "INPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 60000000
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT32 } ] }
+  ]
+}
+"""
+
+# Sleeps on a negative input; echoes INPUT + the correlation id.
+SLOW_SEQUENCE_PY = '''
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT").as_numpy()
+            corr = pb_utils.get_input_tensor_by_name(r, "CORRID").as_numpy().astype(np.float32)
+            if (x < 0).any():
+                time.sleep(2)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT", x + corr.reshape(x.shape))]))
+        return out
+'''
+
+
+@pytest.fixture(scope="module")
+def sequences(tmp_path_factory):
+    repo = str(tmp_path_factory.mktemp("sequences"))
+    models.accumulator(repo, "one_slot", max_batch_size=1, idle_us=60000000)
+    models.python_model(repo, "slow_sequence", SLOW_SEQUENCE_PY, SLOW_SEQUENCE)
+    with Server(["--model-repository", repo]) as s:
+        yield s
+
+
+def sequence_step(client, model, seq, value, start=False, end=False, timeout=None):
+    x = grpcclient.InferInput("INPUT", [1, 1], "FP32").set_data_from_numpy(np.array([[value]], dtype=np.float32))
+    r = client.infer(model, [x], sequence_id=seq, sequence_start=start, sequence_end=end, client_timeout=timeout)
+    return float(r.as_numpy("OUTPUT")[0, 0])
+
+
+def test_a_start_that_gives_up_waiting_for_a_slot_leaves_the_line(sequences):
+    client = sequences.grpc_client()
+    assert sequence_step(client, "one_slot", 1, 1.0, start=True) == 1.0
+    # The only slot is taken: this START waits, and its client gives up.
+    with pytest.raises(InferenceServerException, match="Deadline"):
+        sequence_step(client, "one_slot", 2, 1.0, start=True, timeout=0.5)
+    assert sequence_step(client, "one_slot", 1, 1.0, end=True) == 2.0
+    # Before, the abandoned START stayed first in line and no sequence could start again.
+    assert sequence_step(client, "one_slot", 3, 5.0, start=True, end=True, timeout=20) == 5.0
+
+
+def test_a_request_dropped_while_it_runs_frees_its_sequence(sequences):
+    client = sequences.grpc_client()
+    with pytest.raises(InferenceServerException, match="Deadline"):
+        sequence_step(client, "slow_sequence", 7, -1.0, start=True, timeout=0.5)
+    # The sequence is free again (before, busy for ever: this request hung).
+    assert sequence_step(client, "slow_sequence", 7, 1.0, end=True, timeout=20) == 8.0
+
+
+def test_sequence_ids_that_do_not_fit_the_corrid_input_are_refused(sequences):
+    client = sequences.grpc_client()
+    with pytest.raises(InferenceServerException, match=r"sequence ID 4294967301 .* does not fit its CORRID control input \(UINT32, at most 4294967295\)"):
+        sequence_step(client, "slow_sequence", 2**32 + 5, 1.0, start=True, end=True)
+    assert sequence_step(client, "slow_sequence", 5, 1.0, start=True, end=True, timeout=20) == 6.0
