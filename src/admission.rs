@@ -21,19 +21,25 @@ pub struct Admission {
 }
 
 tokio::task_local! {
-    /// Whether the request being served arrived after the stop began.
-    static LATE: bool;
+    /// The ticket of the request being served.
+    static TICKET: Arc<Ticket>;
 }
 
-/// Runs a request's work, remembering whether it arrived after the stop began.
-pub async fn scope<F: Future>(late: bool, f: F) -> F::Output {
-    LATE.scope(late, f).await
+/// Runs a request's work with its ticket at hand: the engine attaches it to the request, so that
+/// the request's bytes stay counted wherever they go (a queue, a batch) for as long as they live.
+pub async fn scope<F: Future>(ticket: Arc<Ticket>, f: F) -> F::Output {
+    TICKET.scope(ticket, f).await
+}
+
+/// The ticket of the request being served (None outside any request, e.g. in a BLS call).
+pub fn current_ticket() -> Option<Arc<Ticket>> {
+    TICKET.try_with(Arc::clone).ok()
 }
 
 /// Whether the request being served arrived after the stop began (false outside any request,
 /// e.g. the steps a request already admitted runs).
 pub fn arrived_after_stop() -> bool {
-    LATE.try_with(|l| *l).unwrap_or(false)
+    TICKET.try_with(|t| t.late).unwrap_or(false)
 }
 
 /// What the metrics report.
@@ -198,11 +204,12 @@ mod tests {
         let a = Admission::new(10);
         assert!(!a.ticket().late());
         a.close();
-        let t = a.ticket();
+        let t = Arc::new(a.ticket());
         assert!(t.late());
-        assert!(scope(t.late(), async { arrived_after_stop() }).await);
-        assert!(!scope(false, async { arrived_after_stop() }).await);
-        assert!(!arrived_after_stop());
+        assert!(scope(Arc::clone(&t), async { arrived_after_stop() }).await);
+        assert!(scope(Arc::clone(&t), async { current_ticket().is_some_and(|c| Arc::ptr_eq(&c, &t)) }).await);
+        assert!(!scope(Arc::new(Admission::new(10).ticket()), async { arrived_after_stop() }).await);
+        assert!(!arrived_after_stop() && current_ticket().is_none());
     }
 
     #[tokio::test]

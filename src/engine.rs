@@ -247,6 +247,9 @@ impl Engine {
         if crate::admission::arrived_after_stop() {
             self.live()?;
         }
+        if req.context.ticket.is_none() {
+            req.context.ticket = crate::admission::current_ticket();
+        }
         let start = Instant::now();
         let (name, version) = (req.model_name.clone(), req.model_version);
         // Loads refuse cycles and deep nesting; this holds when a race between two loads, or BLS

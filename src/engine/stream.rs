@@ -48,6 +48,9 @@ impl Engine {
         };
         let (tx, mut responses) = mpsc::unbounded_channel::<Result<Streamed>>();
         let mut req = req;
+        if req.context.ticket.is_none() {
+            req.context.ticket = crate::admission::current_ticket();
+        }
         super::host_inputs(&mut req, false)?;
         let validated = match validate(&model.name, &model.schema, req) {
             Ok(v) => ValidatedRequest { stream: Some(StreamTx(tx)), ..v },

@@ -148,7 +148,7 @@ where
         // The service that was polled ready takes the request; a fresh clone waits for the next.
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
-        let fut = crate::admission::scope(ticket.late(), inner.call(http::Request::from_parts(parts, body)));
+        let fut = crate::admission::scope(Arc::clone(&ticket), inner.call(http::Request::from_parts(parts, body)));
         Box::pin(async move {
             let r = fut.await;
             drop(ticket);

@@ -239,8 +239,8 @@ impl Conn {
                 let (mut parts, body) = req.into_parts();
                 parts.extensions.insert(RequestTicket(Arc::clone(&ticket)));
                 let body = Body::new(GuardedBody::new(body, Arc::clone(&ticket), Some(body_timeout), |e| Box::new(e)));
-                let late = ticket.late();
-                let resp = crate::admission::scope(late, app.oneshot(http::Request::from_parts(parts, body))).await;
+                let request = http::Request::from_parts(parts, body);
+                let resp = crate::admission::scope(Arc::clone(&ticket), app.oneshot(request)).await;
                 drop(ticket);
                 activity.done();
                 resp

@@ -28,7 +28,43 @@ pub use batcher::BatchPolicy;
 use queue::{Job, Queue};
 pub use queue::{LevelPolicy, QueuePolicy};
 
-pub type Reply = oneshot::Receiver<Result<InferResponse>>;
+/// A queued request's one reply. Dropped before it arrives (its caller went away), the request
+/// leaves the queue at once if it is still there, and its bytes (and admission ticket) with it.
+pub struct Reply {
+    rx: oneshot::Receiver<Result<InferResponse>>,
+    queued: Option<(std::sync::Weak<Shared>, u64)>,
+}
+
+impl Reply {
+    /// The reply if it has arrived.
+    pub fn try_recv(&mut self) -> std::result::Result<Result<InferResponse>, oneshot::error::TryRecvError> {
+        let out = self.rx.try_recv();
+        if out.is_ok() {
+            self.queued = None;
+        }
+        out
+    }
+}
+
+impl Future for Reply {
+    type Output = std::result::Result<Result<InferResponse>, oneshot::error::RecvError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Self::Output> {
+        let out = std::task::ready!(std::pin::Pin::new(&mut self.rx).poll(cx));
+        self.queued = None;
+        std::task::Poll::Ready(out)
+    }
+}
+
+impl Drop for Reply {
+    fn drop(&mut self) {
+        if let Some((shared, seq)) = self.queued.take()
+            && let Some(shared) = shared.upgrade()
+        {
+            shared.cancel(seq);
+        }
+    }
+}
 /// Builds instance `i` again (after it panicked).
 pub type Rebuild = Arc<dyn Fn(usize) -> Result<Box<dyn ModelInstance>> + Send + Sync>;
 type Sender = oneshot::Sender<Result<InferResponse>>;
@@ -104,6 +140,16 @@ struct Shared {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Queue> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A request whose caller went away, taken out of the queue if it is still there.
+    fn cancel(&self, seq: u64) {
+        let mut q = self.lock();
+        if let Some(job) = q.remove(seq) {
+            self.stats.queued(-1);
+            tracing::debug!(request = %job.req.id, "request left the queue unrun: its caller went away");
+            self.responder.send(job.seq, job.reply, Err(queue::cancelled()));
+        }
     }
 
     fn answer_swept(&self, q: &mut Queue, now: Instant) {
@@ -259,15 +305,18 @@ impl Scheduler {
         if q.stopping {
             return Err(Retired(Box::new(req)));
         }
-        if let Err((error, tx)) = q.push(req, tx, Instant::now()) {
-            let _ = tx.send(Err(error));
-            return Ok(rx);
-        }
+        let seq = match q.push(req, tx, Instant::now()) {
+            Ok(seq) => seq,
+            Err((error, tx)) => {
+                let _ = tx.send(Err(error));
+                return Ok(Reply { rx, queued: None });
+            }
+        };
         self.shared.stats.queued(1);
         drop(q);
         self.shared.ready.notify_one();
         self.shared.reaper.notify_one();
-        Ok(rx)
+        Ok(Reply { rx, queued: Some((Arc::downgrade(&self.shared), seq)) })
     }
 
     /// Stops taking requests; queued ones still run, then the threads end.

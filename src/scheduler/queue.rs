@@ -96,7 +96,7 @@ impl QueuePolicy {
     }
 }
 
-fn cancelled() -> Error {
+pub(super) fn cancelled() -> Error {
     Error::new(ErrorKind::Cancelled, "request cancelled").with_origin(Origin::Cancelled)
 }
 
@@ -135,14 +135,15 @@ impl Queue {
         self.levels.iter().all(|l| l.len() == 0)
     }
 
-    /// Enqueues a request at its priority level, or hands it back with the reason it was refused.
+    /// Enqueues a request at its priority level (returning its arrival number), or hands it
+    /// back with the reason it was refused.
     #[allow(clippy::result_large_err)]
     pub fn push(
         &mut self,
         req: ValidatedRequest,
         reply: oneshot::Sender<Result<InferResponse>>,
         now: Instant,
-    ) -> std::result::Result<(), (Error, oneshot::Sender<Result<InferResponse>>)> {
+    ) -> std::result::Result<u64, (Error, oneshot::Sender<Result<InferResponse>>)> {
         let level = self.policy.level_of(req.priority);
         let policy = &self.policy.levels[level];
         if policy.max_size > 0 && self.levels[level].len() >= policy.max_size {
@@ -165,7 +166,25 @@ impl Queue {
             self.deadlines.insert((d, seq, level));
         }
         self.levels[level].fresh.push_back(Job { req, enqueued: now, seq, deadline, reply, queue_span });
-        Ok(())
+        Ok(seq)
+    }
+
+    /// Takes request `seq` out of the queue, if it is still there (its caller went away).
+    /// O(levels x log n): fresh requests are in arrival order; delayed ones are few.
+    pub fn remove(&mut self, seq: u64) -> Option<Job> {
+        for (li, level) in self.levels.iter_mut().enumerate() {
+            let found = match level.fresh.binary_search_by_key(&seq, |j| j.seq) {
+                Ok(i) => level.fresh.remove(i),
+                Err(_) => level.delayed.iter().position(|j| j.seq == seq).and_then(|i| level.delayed.remove(i)),
+            };
+            if let Some(job) = found {
+                if let Some(d) = job.deadline {
+                    self.deadlines.remove(&(d, job.seq, li));
+                }
+                return Some(job);
+            }
+        }
+        None
     }
 
     /// Removes what must not run: expired requests under REJECT (those under DELAY move behind

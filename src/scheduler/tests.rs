@@ -307,3 +307,45 @@ async fn gpu_memory_passes_through_the_host_for_a_host_instance() {
     assert!(e.message().contains("(4 bytes) should be at least 8 bytes"), "{e}");
     assert_eq!(memory.snapshot()[48..52], [0; 4], "nothing is written where it does not fit");
 }
+
+#[tokio::test]
+async fn a_dropped_reply_takes_its_request_and_its_ticket_out_of_the_queue_at_once() {
+    let admission = crate::admission::Admission::new(1 << 20);
+    let policy = Policy { batching: BatchPolicy::new(8, None), queue: QueuePolicy::new(None), preserve_ordering: true };
+    let stats = Arc::new(Stats::default());
+    let schema =
+        Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], utf8_bytes: false });
+    let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::clone(&stats) };
+    let s = Scheduler::start(ctx, policy, vec![Box::new(Sleeper)], None).unwrap();
+    // The one instance is busy for a while; three requests queue behind it, each with its ticket.
+    let busy = s.submit(request(400)).ok().unwrap();
+    while stats.snapshot().executing == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let queued: Vec<Reply> = (0..3)
+        .map(|v| {
+            let mut r = request(v);
+            r.context.ticket = Some(Arc::new(admission.admit(1000).unwrap()));
+            s.submit(r).ok().unwrap()
+        })
+        .collect();
+    assert_eq!((admission.counts().used, admission.counts().live), (3000, 3));
+    let mut queued = queued.into_iter();
+    let (first, last) = (queued.next().unwrap(), queued.next_back().unwrap());
+    drop(queued);
+    drop(first);
+    // Gone while the instance is still busy: the queue no longer holds them or their bytes.
+    assert_eq!((admission.counts().used, admission.counts().live), (1000, 1));
+    assert_eq!(stats.snapshot().pending, 1);
+    assert_eq!(values(&busy.await.unwrap().unwrap().outputs[0]), vec![800, 802]);
+    // Arrival order still holds for the rest: the one kept is answered.
+    assert_eq!(values(&last.await.unwrap().unwrap().outputs[0]), vec![4, 6]);
+    // Its ticket goes with the batch's buffers, once the instance thread is done with them.
+    for _ in 0..5000 {
+        if admission.counts().live == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    assert_eq!(admission.counts().live, 0);
+}

@@ -283,3 +283,92 @@ def test_sequence_ids_that_do_not_fit_the_corrid_input_are_refused(sequences):
     with pytest.raises(InferenceServerException, match=r"sequence ID 4294967301 .* does not fit its CORRID control input \(UINT32, at most 4294967295\)"):
         sequence_step(client, "slow_sequence", 2**32 + 5, 1.0, start=True, end=True)
     assert sequence_step(client, "slow_sequence", 5, 1.0, start=True, end=True, timeout=20) == 6.0
+
+
+STUCK = """
+max_batch_size: 8
+backend: "python"
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+"""
+
+# A negative first value holds the instance until the file named by the environment is gone.
+STUCK_PY = '''
+import os
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
+            if x.flat[0] < 0:
+                open(os.environ["FERRY_TEST_HOLD"] + ".running", "w").close()
+            while x.flat[0] < 0 and os.path.exists(os.environ["FERRY_TEST_HOLD"]):
+                time.sleep(0.02)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUTPUT0", x)]))
+        return out
+'''
+
+
+def metric(server, name, **labels):
+    from test_metrics import parse, value
+    return value(parse(server.metrics())[0], name, **labels)
+
+
+def wait_for(condition, what, seconds=30):
+    """Waits for a condition the server reaches on its own (not a timing check: the bound only
+    keeps a broken server from hanging the suite)."""
+    import time
+    deadline = time.time() + seconds
+    while not condition():
+        assert time.time() < deadline, what
+        time.sleep(0.05)
+
+
+def binary_request(n_floats, first):
+    import struct as st
+    header = json.dumps({"inputs": [{"name": "INPUT0", "shape": [1, n_floats], "datatype": "FP32",
+                                     "parameters": {"binary_data_size": 4 * n_floats}}]}).encode()
+    data = st.pack("<f", first) + bytes(4 * (n_floats - 1))
+    return header + data, {"Inference-Header-Content-Length": str(len(header)), "Content-Type": "application/octet-stream"}
+
+
+def test_abandoned_queued_requests_leave_the_queue_with_their_bytes(tmp_path):
+    import http.client
+    import socket
+    import threading
+    repo = str(tmp_path / "repo")
+    models.python_model(repo, "stuck", STUCK_PY, STUCK)
+    hold = tmp_path / "hold"
+    hold.write_text("")
+    with Server(["--model-repository", repo], env={"FERRY_TEST_HOLD": str(hold)}) as s:
+        held = threading.Thread(target=lambda: s.client().infer(
+            "stuck", [httpclient.InferInput("INPUT0", [1, 16], "FP32").set_data_from_numpy(-np.ones((1, 16), np.float32))]))
+        held.start()
+        wait_for(lambda: os.path.exists(str(hold) + ".running"), "the model holds its instance")
+        # Eight 4 MB requests queue behind the stuck one; their clients go away.
+        conns = []
+        for _ in range(8):
+            body, headers = binary_request(1 << 20, 1.0)
+            c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+            c.request("POST", "/v2/models/stuck/infer", body=body, headers=headers)
+            conns.append(c)
+        pending = lambda: metric(s, "nv_inference_pending_request_count", model="stuck", version="1")
+        wait_for(lambda: pending() == 8, "the requests queue")
+        assert metric(s, "ferry_inflight_request_bytes") >= 8 * 4 << 20
+        for c in conns:
+            c.sock.shutdown(socket.SHUT_RDWR)
+            c.close()
+        # The model is still stuck; the abandoned requests leave the queue, and their bytes with
+        # them (before, they stayed queued with the counter at 0).
+        wait_for(lambda: pending() == 0, "the abandoned requests leave the queue")
+        assert metric(s, "ferry_inflight_request_bytes") < 1 << 20
+        hold.unlink()
+        held.join(30)
+        assert not held.is_alive()
+        x = np.arange(4, dtype=np.float32).reshape(1, 4)
+        out = s.client().infer("stuck", [httpclient.InferInput("INPUT0", [1, 4], "FP32").set_data_from_numpy(x)])
+        np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), x)

@@ -274,19 +274,20 @@ impl service::GrpcInferenceService for Grpc {
                 if let Some(t) = &stream_ticket {
                     t.release();
                 }
-                let ticket = this.engine.admission().admit(req.encoded_len() as u64);
-                let late = this.engine.admission().closed();
+                let ticket = this.engine.admission().admit(req.encoded_len() as u64).map(Arc::new);
                 let (this, tx, trace) = (this.clone(), tx.clone(), trace.clone());
-                tokio::spawn(crate::admission::scope(late, async move {
+                tokio::spawn(async move {
                     let _slot = slot;
-                    let version = parse_version(&req.model_name, &req.model_version).ok().flatten();
-                    if this.engine.decoupled(&req.model_name, version) {
-                        let _ticket = ticket;
-                        return this.stream_decoupled(req, trace, grpc_errors, &tx).await;
-                    }
                     let outcome = match ticket {
-                        Ok(_ticket) => this.stream_reply(req, trace).await,
                         Err(e) => Err((e, failed_reply(&req))),
+                        Ok(ticket) => {
+                            let version = parse_version(&req.model_name, &req.model_version).ok().flatten();
+                            if this.engine.decoupled(&req.model_name, version) {
+                                let run = this.stream_decoupled(req, trace, grpc_errors, &tx);
+                                return crate::admission::scope(ticket, run).await;
+                            }
+                            crate::admission::scope(ticket, this.stream_reply(req, trace)).await
+                        }
                     };
                     // Errors travel in-band and the stream goes on, unless the client asked
                     // (triton_grpc_error) for the first one to end the stream with its status.
@@ -299,7 +300,7 @@ impl service::GrpcInferenceService for Grpc {
                         }),
                     };
                     let _ = tx.send(item).await;
-                }));
+                });
             }
         });
         Ok(Response::new(Box::pin(ReceiverStream::new(rx)) as InferStream))

@@ -25,7 +25,7 @@ fn push(
     now: Instant,
 ) -> Result<oneshot::Receiver<Result<InferResponse>>> {
     let (tx, rx) = oneshot::channel();
-    q.push(request(priority, timeout_us), tx, now).map(|()| rx).map_err(|(e, _)| e)
+    q.push(request(priority, timeout_us), tx, now).map(|_| rx).map_err(|(e, _)| e)
 }
 
 fn policy(levels: u64, default: u64, queue: ModelQueuePolicy) -> QueuePolicy {
