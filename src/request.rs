@@ -107,6 +107,12 @@ impl Context {
     pub fn nested(&self) -> Context {
         Context { nesting: self.nesting + 1, ticket: self.ticket.clone() }
     }
+
+    /// Counts `bytes` the request makes the server allocate (beyond its own bytes) against the
+    /// admission budget, before they are allocated: refused (Overloaded) past the budget.
+    pub fn charge(&self, bytes: u64) -> crate::error::Result<()> {
+        self.ticket.as_ref().map_or(Ok(()), |t| t.grow(bytes))
+    }
 }
 
 impl std::fmt::Debug for Context {

@@ -101,6 +101,9 @@ pub struct BackendRequest<'a> {
     pub outputs: Vec<&'a str>,
     /// A decoupled model's responses for this request go here, during or after the batch.
     pub stream: Option<&'a crate::request::StreamTx>,
+    /// Its nesting and admission ticket: what the request makes the backend allocate is charged
+    /// to it (`Context::charge`).
+    pub context: &'a crate::request::Context,
 }
 
 /// One request's answer from `execute_each`: its outputs and the response parameters the model

@@ -156,6 +156,7 @@ fn run_each(
                 .collect(),
             outputs: j.req.outputs.iter().map(|o| schema.outputs[o.index].name.as_str()).collect(),
             stream: j.req.stream.as_ref(),
+            context: &j.req.context,
         })
         .collect();
     let input_done = Instant::now();

@@ -372,3 +372,80 @@ def test_abandoned_queued_requests_leave_the_queue_with_their_bytes(tmp_path):
         x = np.arange(4, dtype=np.float32).reshape(1, 4)
         out = s.client().infer("stuck", [httpclient.InferInput("INPUT0", [1, 4], "FP32").set_data_from_numpy(x)])
         np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), x)
+
+
+def texts_input(texts, shape):
+    arr = np.array(texts, dtype=np.object_).reshape(shape)
+    return httpclient.InferInput("TEXT", list(shape), "BYTES").set_data_from_numpy(arr)
+
+
+def test_a_huge_text_is_cut_before_it_is_encoded():
+    from conftest import EXAMPLES
+    words = ["red", "green", "blue", "white", "black", "fire", "tomato", "grass", "leaf", "sky"]
+    huge = " ".join(words[i % 10] for i in range(6_000_000))
+    assert len(huge) > 30 << 20
+    with Server(["--model-repository", EXAMPLES]) as s:
+        client = s.client()
+        short = client.infer("color_match_text", [texts_input([" ".join(words[:9])], (1, 1))]).as_numpy("input_ids")
+        before = peak_rss(s)
+        ids = client.infer("color_match_text", [texts_input([huge], (1, 1))]).as_numpy("input_ids")
+        # The same 8 tokens as the text's first words give; before, encoding the whole text
+        # first took 2 GB.
+        np.testing.assert_array_equal(ids, short)
+        assert peak_rss(s) - before < 300 << 20, (before, peak_rss(s))
+
+
+TEXTS = """
+backend: "ferry_tokenizer"
+max_batch_size: 0
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "input_ids" data_type: TYPE_INT64 dims: [ -1, -1 ] }, { name: "attention_mask" data_type: TYPE_INT64 dims: [ -1, -1 ] } ]
+"""
+
+
+@pytest.fixture(scope="module")
+def tokenizer_repo(tmp_path_factory):
+    import shutil
+    from conftest import EXAMPLES
+    repo = str(tmp_path_factory.mktemp("tokenizers"))
+    os.makedirs(os.path.join(repo, "texts", "1"))
+    shutil.copy(os.path.join(EXAMPLES, "color_match_text", "1", "tokenizer.json"), os.path.join(repo, "texts", "1"))
+    models.write(os.path.join(repo, "texts", "config.pbtxt"), TEXTS)
+    return repo
+
+
+def test_padding_to_the_longest_is_bounded_per_request(tokenizer_repo):
+    with Server(["--model-repository", tokenizer_repo]) as s:
+        client = s.client()
+        texts = [""] * 99_999 + [" ".join(["red"] * 2000)]
+        before = peak_rss(s)
+        with pytest.raises(InferenceServerException, match=r"100000 texts padded to 2000 tokens make 200000000 tokens, over the limit of 1048576 \(parameter 'max_tokens'\)"):
+            client.infer("texts", [texts_input(texts, (100_000,))])
+        assert peak_rss(s) - before < 300 << 20
+        out = client.infer("texts", [texts_input(["red green", "blue"], (2,))])
+        np.testing.assert_array_equal(out.as_numpy("input_ids"), [[2, 3], [4, 0]])
+        np.testing.assert_array_equal(out.as_numpy("attention_mask"), [[1, 1], [1, 0]])
+
+
+def test_what_encoding_costs_counts_against_the_admission_budget(tokenizer_repo):
+    with Server(["--model-repository", tokenizer_repo, "--max-inflight-request-bytes=67108864"]) as s:
+        client = s.client()
+        # 1 MB of text on the wire, about 80 MB to encode: over a 64 MB budget.
+        text = " ".join(["red"] * 262_144)
+        with pytest.raises(InferenceServerException, match="--max-inflight-request-bytes") as e:
+            client.infer("texts", [texts_input([text], (1,))])
+        assert "503" in str(e.value) or "overloaded" in str(e.value)
+        assert client.infer("texts", [texts_input(["red"], (1,))]).as_numpy("input_ids").tolist() == [[2]]
+        assert metric(s, "ferry_inflight_request_bytes") == 0
+
+
+def test_an_image_step_charges_its_output_to_the_request(tmp_path):
+    repo = str(tmp_path)
+    image_model(repo, "raw", {"resize": "none"}, (3, -1, -1))
+    with Server(["--model-repository", repo, "--max-inflight-request-bytes=16777216"]) as s:
+        client = s.client()
+        # A 7 KB PNG that decodes to 4 megapixels: 48 MB of FP32, over a 16 MB budget.
+        with pytest.raises(InferenceServerException, match="--max-inflight-request-bytes"):
+            infer_image(client, "raw", gray_png(2000, 2000))
+        assert infer_image(client, "raw", gray_png(64, 48)).as_numpy("PIXELS").shape == (1, 3, 48, 64)
+        assert metric(s, "ferry_inflight_request_bytes") == 0

@@ -21,6 +21,7 @@ use super::{Params, f32_tensor, in_order};
 use crate::{
     backend::{Answer, Backend, BackendInput, BackendRequest, InstanceSpec, ModelInstance, ModelIo},
     error::{Error, Result},
+    request::Context,
     tensor::{DataType, Tensor, bytes_elements},
 };
 
@@ -394,25 +395,31 @@ impl ImageInstance {
         }
     }
 
-    /// One image, to its tensor bytes, box mapping and size.
-    fn one(&self, encoded: &[u8]) -> std::result::Result<Prepared, String> {
-        let (p, map) = self.pixels(encoded)?;
+    /// One image, to its tensor bytes (charged to the request first), box mapping and size.
+    fn one(&self, encoded: &[u8], ctx: &Context) -> Result<Prepared> {
+        let (p, map) = self.pixels(encoded).map_err(Error::invalid)?;
+        ctx.charge((p.data.len() * (self.values[0].len() / 256)) as u64)?;
         let mut bytes = Vec::new();
         self.tensor_bytes(&p, &mut bytes);
         Ok(Prepared { bytes, map, size: (p.width, p.height, p.channels) })
     }
 
-    fn run(&self, inputs: &[BackendInput<'_>], wanted: &[&str], threads: usize) -> Result<Vec<Tensor>> {
+    fn run(
+        &self,
+        inputs: &[BackendInput<'_>],
+        wanted: &[&str],
+        (threads, ctx): (usize, &Context),
+    ) -> Result<Vec<Tensor>> {
         let input = inputs.first().ok_or_else(|| Error::invalid("no image input"))?;
         if input.datatype != DataType::Bytes {
             return Err(Error::invalid(format!("input '{}' must be BYTES, got {}", input.name, input.datatype.wire())));
         }
         let items = bytes_elements(input.data).collect::<Result<Vec<&[u8]>>>()?;
-        let done = super::par_map(&items, threads, |item| self.one(item));
+        let done = super::par_map(&items, threads, |item| self.one(item, ctx));
         let (mut data, mut maps, mut size) = (Vec::new(), Vec::new(), None);
         for (k, result) in done.into_iter().enumerate() {
             let Prepared { bytes, map, size: got } =
-                result.map_err(|e| Error::invalid(format!("input '{}', image {k}: {e}", input.name)))?;
+                result.map_err(|e| e.context(format!("input '{}', image {k}", input.name)))?;
             match size {
                 None => size = Some(got),
                 Some(first) if first != got => {
@@ -454,7 +461,7 @@ impl ImageInstance {
 
 impl ModelInstance for ImageInstance {
     fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
-        self.run(inputs, outputs, self.threads)
+        self.run(inputs, outputs, (self.threads, &Context::default()))
     }
 
     fn separate_requests(&self) -> bool {
@@ -464,8 +471,10 @@ impl ModelInstance for ImageInstance {
     fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Answer>> {
         // The requests of a batch on the instance's threads; one request spreads its own images.
         match requests {
-            [one] => vec![self.run(&one.inputs, &one.outputs, self.threads).map(Answer::from)],
-            _ => super::par_map(requests, self.threads, |r| self.run(&r.inputs, &r.outputs, 1).map(Answer::from)),
+            [one] => vec![self.run(&one.inputs, &one.outputs, (self.threads, one.context)).map(Answer::from)],
+            _ => super::par_map(requests, self.threads, |r| {
+                self.run(&r.inputs, &r.outputs, (1, r.context)).map(Answer::from)
+            }),
         }
     }
 }

@@ -7,28 +7,28 @@
 //!   `input_ids`, `attention_mask` and `token_type_ids` parameters, those names by default;
 //!   INT64 or INT32 as the config declares). `padding`: `longest` (the longest text of the
 //!   request) or `max_length`; `max_length` truncates (and pads, with `padding: max_length`);
-//!   `add_special_tokens` (true).
+//!   `add_special_tokens` (true). What a request may cost is bounded: `max_tokens` (2^20) per
+//!   request, padding included; a text longer than truncation needs is cut at a word before it
+//!   is encoded; and the memory encoding takes is charged to the request's admission ticket.
 //! - `direction: decode`: ids in (INT64/INT32 `[..., L]`), text out (BYTES `[...]`),
 //!   `skip_special_tokens` (true).
 //!
 //! Each request is tokenised on its own, so its padding never depends on what it was batched with.
 use std::path::Path;
 
-use tokenizers::{
-    EncodeInput, Tokenizer,
-    utils::{
-        padding::{PaddingParams, PaddingStrategy},
-        truncation::TruncationParams,
-    },
-};
+use tokenizers::{Tokenizer, utils::truncation::TruncationParams};
 
-use super::{Params, bytes_tensor, in_order, int_tensor};
+use super::{Params, bytes_tensor, in_order};
 use crate::{
     backend::{Answer, Backend, BackendInput, BackendRequest, InstanceSpec, ModelInstance, ModelIo},
     error::{Error, Result},
     proto::inference::ModelConfig,
+    request::Context,
     tensor::{DataType, Tensor, bytes_elements},
 };
+
+mod encode;
+use encode::Encode;
 
 pub struct TokenizerBackend;
 
@@ -45,22 +45,17 @@ const KEYS: &[&str] = &[
     "input_ids",
     "attention_mask",
     "token_type_ids",
+    "max_tokens",
 ];
-
-struct Encode {
-    add_special_tokens: bool,
-    /// The text input's dims end in 1 (`dims: [ 1 ]`, one text per row): the tokens take that
-    /// place in the outputs' shape (`[rows, tokens]`) instead of being added after it.
-    one_per_row: bool,
-    /// (output name, datatype) for ids, mask and type ids, where the config has them.
-    ids: Option<(String, DataType)>,
-    mask: Option<(String, DataType)>,
-    types: Option<(String, DataType)>,
-}
 
 enum Direction {
     Encode(Encode),
-    Decode { skip_special_tokens: bool, output: String },
+    /// `longest`: the bytes of the longest token of the vocabulary (what one id may decode to).
+    Decode {
+        skip_special_tokens: bool,
+        output: String,
+        longest: usize,
+    },
 }
 
 struct TokenizerInstance {
@@ -108,7 +103,12 @@ impl Backend for TokenizerBackend {
                     config.name, o.name
                 )));
             }
-            Direction::Decode { skip_special_tokens: p.flag("skip_special_tokens", true)?, output: o.name.clone() }
+            let longest = tokenizer.get_vocab(true).keys().map(String::len).max().unwrap_or(1);
+            Direction::Decode {
+                skip_special_tokens: p.flag("skip_special_tokens", true)?,
+                output: o.name.clone(),
+                longest,
+            }
         } else {
             let max_length = p.number("max_length", 0usize, 0..=1 << 20)?;
             let fixed = p.choice("padding", false, &[("longest", false), ("max_length", true)])?;
@@ -120,11 +120,9 @@ impl Backend for TokenizerBackend {
             }
             let truncation = (max_length > 0).then(|| TruncationParams { max_length, ..Default::default() });
             tokenizer.with_truncation(truncation).map_err(|e| fail(e.to_string()))?;
-            // The file's own pad token and id, when it has them.
-            let mut padding = tokenizer.get_padding().cloned().unwrap_or_default();
-            padding.strategy = if fixed { PaddingStrategy::Fixed(max_length) } else { PaddingStrategy::BatchLongest };
-            padding.pad_to_multiple_of = None;
-            tokenizer.with_padding(Some(PaddingParams { ..padding }));
+            // The file's own pad id and side, written into the outputs once their size is checked.
+            let pad = encode::pad_of(&tokenizer);
+            tokenizer.with_padding(None);
             let named = |key: &str| output(config, p.text(key).unwrap_or(key));
             let e = Encode {
                 add_special_tokens: p.flag("add_special_tokens", true)?,
@@ -132,6 +130,11 @@ impl Backend for TokenizerBackend {
                 ids: named("input_ids")?,
                 mask: named("attention_mask")?,
                 types: named("token_type_ids")?,
+                max_length,
+                fixed,
+                pad,
+                cuttable: tokenizer.get_pre_tokenizer().is_some(),
+                max_tokens: p.number("max_tokens", 1usize << 20, 1..=1 << 28)?,
             };
             if e.ids.is_none() && e.mask.is_none() && e.types.is_none() {
                 return Err(Error::invalid(format!(
@@ -172,54 +175,49 @@ fn ids_of(input: &BackendInput<'_>) -> Result<Vec<u32>> {
         .collect()
 }
 
-impl TokenizerInstance {
-    fn encode(&self, e: &Encode, inputs: &[BackendInput<'_>], wanted: &[&str]) -> Result<Vec<Tensor>> {
-        let first = inputs.first().ok_or_else(|| Error::invalid("no text input"))?;
-        let a = texts(first)?;
-        let batch: Vec<EncodeInput<'_>> = match inputs.get(1) {
-            Some(second) => {
-                let b = texts(second)?;
-                if b.len() != a.len() {
-                    return Err(Error::invalid(format!(
-                        "inputs '{}' and '{}' hold {} and {} texts; sentence pairs need as many of each",
-                        first.name,
-                        second.name,
-                        a.len(),
-                        b.len()
-                    )));
-                }
-                a.iter().zip(&b).map(|(x, y)| (*x, *y).into()).collect()
-            }
-            None => a.iter().map(|x| (*x).into()).collect(),
-        };
-        let encodings = self
-            .tokenizer
-            .encode_batch(batch, e.add_special_tokens)
-            .map_err(|err| Error::invalid(format!("model '{}': tokenizing failed: {err}", self.model)))?;
-        let len = encodings.first().map_or(0, |x| x.get_ids().len());
-        let mut shape = first.shape.to_vec();
-        if e.one_per_row && shape.last() == Some(&1) {
-            shape.pop();
-        }
-        shape.push(len as i64);
-        let mut out = Vec::new();
-        let mut emit = |role: &Option<(String, DataType)>, get: fn(&tokenizers::Encoding) -> &[u32]| {
-            if let Some((name, t)) = role
-                && wanted.contains(&name.as_str())
-            {
-                let values: Vec<i64> = encodings.iter().flat_map(|x| get(x).iter().map(|&v| i64::from(v))).collect();
-                out.push(int_tensor(name, *t, shape.clone(), &values));
-            }
-        };
-        emit(&e.ids, tokenizers::Encoding::get_ids);
-        emit(&e.mask, tokenizers::Encoding::get_attention_mask);
-        emit(&e.types, tokenizers::Encoding::get_type_ids);
-        in_order(out, wanted)
+/// One request's texts to their token outputs, in the order `wanted`.
+fn encode(
+    (tok, model): (&mut Tokenizer, &str),
+    e: &Encode,
+    inputs: &[BackendInput<'_>],
+    wanted: &[&str],
+    ctx: &Context,
+) -> Result<Vec<Tensor>> {
+    let first = inputs.first().ok_or_else(|| Error::invalid("no text input"))?;
+    let a = texts(first)?;
+    let b = inputs.get(1).map(texts).transpose()?;
+    if let (Some(second), Some(b)) = (inputs.get(1), &b)
+        && b.len() != a.len()
+    {
+        return Err(Error::invalid(format!(
+            "inputs '{}' and '{}' hold {} and {} texts; sentence pairs need as many of each",
+            first.name,
+            second.name,
+            a.len(),
+            b.len()
+        )));
     }
+    let mut shape = first.shape.to_vec();
+    if e.one_per_row && shape.last() == Some(&1) {
+        shape.pop();
+    }
+    let out =
+        e.run(tok, (&a, b.as_deref()), (shape, wanted), ctx).map_err(|err| err.context(format!("model '{model}'")))?;
+    in_order(out, wanted)
+}
 
-    fn decode(&self, skip: bool, output: &str, inputs: &[BackendInput<'_>]) -> Result<Vec<Tensor>> {
+impl TokenizerInstance {
+    fn decode(
+        &self,
+        (skip, longest): (bool, usize),
+        output: &str,
+        inputs: &[BackendInput<'_>],
+        ctx: &Context,
+    ) -> Result<Vec<Tensor>> {
         let input = inputs.first().ok_or_else(|| Error::invalid("no ids input"))?;
         let ids = ids_of(input)?;
+        // Each id decodes to at most the vocabulary's longest token (and a space).
+        ctx.charge((ids.len() as u64).saturating_mul(longest as u64 + 1))?;
         let len = match input.shape.last() {
             Some(&l) if l > 0 => l as usize,
             _ => 1,
@@ -233,17 +231,19 @@ impl TokenizerInstance {
         Ok(vec![bytes_tensor(output, shape, text.iter().map(|s| s.as_bytes()))])
     }
 
-    fn run(&self, inputs: &[BackendInput<'_>], wanted: &[&str]) -> Result<Vec<Tensor>> {
+    fn run(&mut self, inputs: &[BackendInput<'_>], wanted: &[&str], ctx: &Context) -> Result<Vec<Tensor>> {
         match &self.direction {
-            Direction::Encode(e) => self.encode(e, inputs, wanted),
-            Direction::Decode { skip_special_tokens, output } => self.decode(*skip_special_tokens, output, inputs),
+            Direction::Encode(e) => encode((&mut self.tokenizer, &self.model), e, inputs, wanted, ctx),
+            Direction::Decode { skip_special_tokens, output, longest } => {
+                self.decode((*skip_special_tokens, *longest), output, inputs, ctx)
+            }
         }
     }
 }
 
 impl ModelInstance for TokenizerInstance {
     fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
-        self.run(inputs, outputs)
+        self.run(inputs, outputs, &Context::default())
     }
 
     /// Each request padded to its own longest text, and a bad text fails only its request.
@@ -252,6 +252,6 @@ impl ModelInstance for TokenizerInstance {
     }
 
     fn execute_each(&mut self, requests: &[BackendRequest<'_>]) -> Vec<Result<Answer>> {
-        requests.iter().map(|r| self.run(&r.inputs, &r.outputs).map(Answer::from)).collect()
+        requests.iter().map(|r| self.run(&r.inputs, &r.outputs, r.context).map(Answer::from)).collect()
     }
 }

@@ -259,13 +259,14 @@ impl ModelInstance for PythonInstance {
     }
 
     fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
-        let parameters = Default::default();
+        let (parameters, context) = Default::default();
         let one = BackendRequest {
             id: "",
             parameters: &parameters,
             inputs: inputs.to_vec(),
             outputs: outputs.to_vec(),
             stream: None,
+            context: &context,
         };
         let answer = self.run(std::slice::from_ref(&one))?.pop();
         answer.unwrap_or_else(|| Err(Error::internal("no response"))).map(|a| a.outputs)
