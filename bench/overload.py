@@ -9,7 +9,11 @@
   3. the same concurrency-4 run again (does throughput recover?);
   4. SIGTERM under load, --rounds times at a random moment: the exit time, and what the requests
      in flight got (every admitted request must finish; late ones get 503; connection errors are
-     requests the closed listener never took).
+     requests the closed listener never took);
+  5. clients that do not read: 32 generate_stream requests to a decoupled model that sends
+     responses of 1 MB as fast as it can (2,000 asked for each), whose clients read nothing for
+     10 s: ferry's peak RSS, how many responses the model got to send before it saw each request
+     cancelled, whether a reading client is served meanwhile, and what the stuck clients read.
 
 Writes the "Overload" part of the section "Overload and faults" of bench/RESULTS.md.
 
@@ -136,6 +140,40 @@ def sigterm_round(repo, rng):
     return took, code, outcomes
 
 
+def unread_streams(streams=32, seconds=10):
+    """Phase 5: (peak RSS MiB, responses sent per request, a reading client served, events read)."""
+    repo = os.path.join(run.WORK, "overload-streams")
+    if not os.path.exists(os.path.join(repo, "flood")):
+        models.flood(repo, instances=4)
+    sent = os.path.join(run.WORK, "flood-sent")
+    if os.path.exists(sent):
+        os.remove(sent)
+    os.environ["FERRY_TEST_SENT"] = sent
+    proc, port = start(repo, [])
+    try:
+        stuck = []
+        for _ in range(streams):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+            conn.request("POST", "/v2/models/flood/generate_stream", body=json.dumps({"COUNT": 2000}))
+            stuck.append(conn)
+        time.sleep(seconds)
+        rss = peak_rss_mib(proc.pid)
+        reader = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        reader.request("POST", "/v2/models/flood/generate_stream", body=json.dumps({"COUNT": 3}))
+        served = reader.getresponse().read().decode().count("data:") == 3
+        read = []
+        for conn in stuck:
+            body_text = conn.getresponse().read().decode()
+            events = body_text.count("data:")
+            read.append((events, "fell behind" in body_text))
+            conn.close()
+        counts = [int(x) for x in open(sent).read().split()] if os.path.exists(sent) else []
+        return rss, counts, served and proc.poll() is None, read
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=int, default=60)
@@ -162,6 +200,8 @@ def main():
     rounds = [sigterm_round(repo, rng) for _ in range(a.rounds)]
     for took, code, got in rounds:
         print(f"SIGTERM: exit {code} after {took:.2f} s; requests {got}", flush=True)
+    s_rss, s_counts, s_served, s_read = unread_streams()
+    print(f"unread streams: peak RSS {s_rss:.0f} MiB, sent {s_counts}, served {s_served}, read {s_read}", flush=True)
     label = run.commit_label()
     ok = outcomes.get(200, 0)
     refused = outcomes.get(503, 0)
@@ -184,6 +224,19 @@ def main():
         conn = sum(v for k, v in got.items() if isinstance(k, str))
         rest = {k: v for k, v in got.items() if k not in (200, 503) and not isinstance(k, str)}
         lines.append(f"| {i} | {code} | {took:.2f} s | {got.get(200, 0)} / {got.get(503, 0)} / {conn} / {rest or 0} |")
+    ended = sum(1 for _, why in s_read if why)
+    events = [n for n, _ in s_read]
+    lines += [
+        "", "Clients that do not read: 32 `generate_stream` requests to a decoupled Python model (4 instances) "
+        "that sends 1 MB responses as fast as it can, 2,000 asked for each, the clients reading nothing for 10 s:", "",
+        "| what | measured |", "|---|---|",
+        f"| peak RSS of ferry | {s_rss:.0f} MiB (everything the model tried to send: {32 * 2000 // 1024} GiB) |",
+        f"| responses sent per request before the model saw it cancelled | "
+        f"{min(s_counts, default=0)}-{max(s_counts, default=0)} ({len(s_counts)} of 32 requests reported) |",
+        f"| a reading client meanwhile | {'served' if s_served else 'NOT served'} |",
+        f"| what the stuck clients read afterwards | {min(events, default=0)}-{max(events, default=0)} events each; "
+        f"{ended} of 32 ended by the error saying the client fell behind |",
+    ]
     section = "\n".join(lines) + "\n"
     path = os.path.join(run.BENCH, "RESULTS.md")
     text = open(path).read()

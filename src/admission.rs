@@ -148,6 +148,21 @@ impl Ticket {
         Ok(())
     }
 
+    /// Gives `n` of its bytes back (what it held for a while: a stream's waiting responses).
+    pub fn shrink(&self, n: u64) {
+        let mut held = self.bytes.load(Ordering::Acquire);
+        loop {
+            let give = n.min(held);
+            match self.bytes.compare_exchange_weak(held, held - give, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    self.admission.used.fetch_sub(give, Ordering::AcqRel);
+                    return;
+                }
+                Err(now) => held = now,
+            }
+        }
+    }
+
     /// Gives every byte back (a stream whose messages took their own tickets).
     pub fn release(&self) {
         let n = self.bytes.swap(0, Ordering::AcqRel);

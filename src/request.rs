@@ -1,6 +1,12 @@
 //! The protocol-neutral inference request and response that every front-end translates to and
 //! from. Plain data: no framework types, no validation (see `validate`).
-use std::{collections::BTreeMap, sync::Arc};
+use std::{
+    collections::BTreeMap,
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+    },
+};
 
 use bytes::Bytes;
 
@@ -150,14 +156,97 @@ pub struct Streamed {
     pub last: bool,
 }
 
-/// Where a decoupled model's responses for one request go.
+impl Streamed {
+    /// Only the mark of the last response.
+    pub fn end() -> Self {
+        Streamed { outputs: Vec::new(), parameters: Parameters::new(), last: true }
+    }
+}
+
+/// Most responses, and bytes of them, a stream holds for a client that does not read; each
+/// response's bytes also count against the request's admission ticket while they wait.
+pub const STREAM_BACKLOG: usize = 64;
+pub const STREAM_BACKLOG_BYTES: u64 = 64 << 20;
+
+/// What a stream's two ends share: the bytes waiting, whether the client fell too far behind,
+/// and the request's ticket.
+struct Backlog {
+    bytes: AtomicU64,
+    behind: AtomicBool,
+    ticket: Option<Arc<Ticket>>,
+}
+
+/// Where a decoupled model's responses for one request go: a bounded backlog. A client that
+/// falls behind by [`STREAM_BACKLOG`] responses or [`STREAM_BACKLOG_BYTES`] (or past the
+/// admission budget) has its stream ended with an error; the model sees the request cancelled
+/// and what it sends after is dropped.
 #[derive(Clone)]
-pub struct StreamTx(pub tokio::sync::mpsc::UnboundedSender<crate::error::Result<Streamed>>);
+pub struct StreamTx {
+    tx: tokio::sync::mpsc::Sender<crate::error::Result<Streamed>>,
+    backlog: Arc<Backlog>,
+}
+
+/// The receiving end (the engine's forwarding task).
+pub struct StreamRx {
+    rx: tokio::sync::mpsc::Receiver<crate::error::Result<Streamed>>,
+    backlog: Arc<Backlog>,
+}
+
+fn streamed_bytes(item: &crate::error::Result<Streamed>) -> u64 {
+    item.as_ref().map_or(0, |s| s.outputs.iter().map(|t| t.data.len() as u64).sum())
+}
 
 impl StreamTx {
-    /// Whether the client stopped listening (its stream or connection closed).
+    pub fn channel(ticket: Option<Arc<Ticket>>) -> (StreamTx, StreamRx) {
+        let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BACKLOG);
+        let backlog = Arc::new(Backlog { bytes: AtomicU64::new(0), behind: AtomicBool::new(false), ticket });
+        (StreamTx { tx, backlog: Arc::clone(&backlog) }, StreamRx { rx, backlog })
+    }
+
+    /// Queues a response; false when the stream is over (the client left, or fell too far
+    /// behind: then this response is dropped and the stream ends with an error).
+    pub fn send(&self, item: crate::error::Result<Streamed>) -> bool {
+        if self.cancelled() {
+            return false;
+        }
+        let n = streamed_bytes(&item);
+        let waiting = self.backlog.bytes.fetch_add(n, Ordering::AcqRel) + n;
+        let charged = self.backlog.ticket.as_ref().is_none_or(|t| t.grow(n).is_ok());
+        if waiting <= STREAM_BACKLOG_BYTES && charged && self.tx.try_send(item).is_ok() {
+            return true;
+        }
+        self.backlog.bytes.fetch_sub(n, Ordering::AcqRel);
+        if charged && let Some(t) = &self.backlog.ticket {
+            t.shrink(n);
+        }
+        if !self.tx.is_closed() {
+            self.backlog.behind.store(true, Ordering::Release);
+        }
+        false
+    }
+
+    /// Whether the stream is over for the model: the client stopped listening (its stream or
+    /// connection closed), or fell too far behind.
     pub fn cancelled(&self) -> bool {
-        self.0.is_closed()
+        self.tx.is_closed() || self.backlog.behind.load(Ordering::Acquire)
+    }
+}
+
+impl StreamRx {
+    /// The next response (its bytes no longer wait); None once every sender is gone.
+    pub async fn recv(&mut self) -> Option<crate::error::Result<Streamed>> {
+        let item = self.rx.recv().await?;
+        let n = streamed_bytes(&item);
+        self.backlog.bytes.fetch_sub(n, Ordering::AcqRel);
+        if let Some(t) = &self.backlog.ticket {
+            t.shrink(n);
+        }
+        Some(item)
+    }
+
+    /// The client fell too far behind: the stream was cut short.
+    pub fn fell_behind(&self) -> bool {
+        self.backlog.behind.load(Ordering::Acquire)
     }
 }
 
@@ -169,7 +258,7 @@ impl std::fmt::Debug for StreamTx {
 
 impl PartialEq for StreamTx {
     fn eq(&self, other: &Self) -> bool {
-        self.0.same_channel(&other.0)
+        self.tx.same_channel(&other.tx)
     }
 }
 

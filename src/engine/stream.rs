@@ -10,7 +10,7 @@ use tokio::sync::mpsc;
 use super::Engine;
 use crate::{
     error::{Error, Result},
-    request::{InferRequest, InferResponse, StreamTx, Streamed},
+    request::{InferRequest, InferResponse, STREAM_BACKLOG, STREAM_BACKLOG_BYTES, StreamTx, Streamed},
     stats::ResponseOutcome,
     validate::{ValidatedRequest, validate},
 };
@@ -23,7 +23,11 @@ pub struct StreamItem {
     pub last: bool,
 }
 
-pub type ResponseStream = mpsc::UnboundedReceiver<Result<StreamItem>>;
+pub type ResponseStream = mpsc::Receiver<Result<StreamItem>>;
+
+/// Responses handed to the front-end ahead of what it has sent (the rest wait, bounded, in the
+/// model's stream: see `StreamTx`).
+const AHEAD: usize = 4;
 
 impl Engine {
     /// Whether the model answers through streams only (`model_transaction_policy.decoupled`).
@@ -33,10 +37,10 @@ impl Engine {
 
     /// Runs a request whose responses stream.
     pub async fn infer_stream(&self, req: InferRequest) -> Result<ResponseStream> {
-        let (out, rx) = mpsc::unbounded_channel();
+        let (out, rx) = mpsc::channel(AHEAD);
         let model = self.registry().resolve(&req.model_name, req.model_version)?;
         if !is_decoupled(&model.config) {
-            let _ = out.send(self.infer(req).await.map(|response| StreamItem { response, last: true }));
+            let _ = out.try_send(self.infer(req).await.map(|response| StreamItem { response, last: true }));
             return Ok(rx);
         }
         if crate::admission::arrived_after_stop() {
@@ -46,14 +50,14 @@ impl Engine {
         let crate::model::Runner::Scheduler(scheduler) = &model.runner else {
             return Err(Error::unsupported(format!("model '{}' cannot stream", model.name)));
         };
-        let (tx, mut responses) = mpsc::unbounded_channel::<Result<Streamed>>();
         let mut req = req;
         if req.context.ticket.is_none() {
             req.context.ticket = crate::admission::current_ticket();
         }
+        let (tx, mut responses) = StreamTx::channel(req.context.ticket.clone());
         super::host_inputs(&mut req, false)?;
         let validated = match validate(&model.name, &model.schema, req) {
-            Ok(v) => ValidatedRequest { stream: Some(StreamTx(tx)), ..v },
+            Ok(v) => ValidatedRequest { stream: Some(tx), ..v },
             Err(e) => {
                 model.stats.record_failure(started.elapsed(), e.origin());
                 return Err(e);
@@ -94,7 +98,7 @@ impl Engine {
                         Some(Ok(s)) => {
                             let (handed, last) = (Instant::now(), s.last);
                             let kind = if s.outputs.is_empty() && last { ResponseOutcome::Empty } else { ResponseOutcome::Success };
-                            if out.send(Ok(item(s))).is_err() {
+                            if out.send(Ok(item(s))).await.is_err() {
                                 respond(ResponseOutcome::Cancel, handed);
                                 break Err(Error::new(crate::error::ErrorKind::Cancelled, "the client left"));
                             }
@@ -105,12 +109,19 @@ impl Engine {
                         }
                         Some(Err(e)) => {
                             let handed = Instant::now();
-                            let gone = out.send(Err(e)).is_err();
+                            let gone = out.send(Err(e)).await.is_err();
                             respond(if gone { ResponseOutcome::Cancel } else { ResponseOutcome::Fail }, handed);
                             if gone {
                                 break Ok(());
                             }
                         }
+                        None if responses.fell_behind() => break Err(Error::new(
+                            crate::error::ErrorKind::Overloaded,
+                            format!(
+                                "model '{name}': the client fell behind by {STREAM_BACKLOG} responses or \
+                                 {STREAM_BACKLOG_BYTES} bytes; the stream was ended and the model told the request is cancelled"
+                            ),
+                        )),
                         None => break Ok(()),
                     },
                     () = out.closed() => {
@@ -123,7 +134,7 @@ impl Engine {
                 Ok(()) => model.stats.record_success(started.elapsed()),
                 Err(e) => {
                     model.stats.record_failure(started.elapsed(), e.origin());
-                    let _ = out.send(Err(e));
+                    let _ = out.send(Err(e)).await;
                 }
             }
         });

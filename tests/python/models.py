@@ -288,3 +288,40 @@ sequence_batching {
             initial_state: { data_type: TYPE_FP32 dims: [ 2, 1, 128 ] zero_data: true name: "zeros" } } ]
 }
 """
+
+
+FLOOD = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            n = int(pb_utils.get_input_tensor_by_name(request, "COUNT").as_numpy().reshape(-1)[0])
+            sent = 0
+            for i in range(n):
+                if request.is_cancelled():
+                    break
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.full(1 << 18, i, dtype=np.int32))]))
+                sent += 1
+            with open(os.environ["FERRY_TEST_SENT"], "a") as f:
+                f.write(f"{sent}\\n")
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
+def flood(repo, name="flood", instances=1):
+    """A decoupled model that sends COUNT responses of 1 MB as fast as it can, until the request
+    is cancelled; it appends how many it sent to the file $FERRY_TEST_SENT."""
+    python_model(repo, name, FLOOD, f"""
+backend: "python"
+max_batch_size: 0
+model_transaction_policy {{ decoupled: true }}
+instance_group [ {{ count: {instances} kind: KIND_CPU }} ]
+input [ {{ name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] }} ]
+""")

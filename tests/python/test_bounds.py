@@ -449,3 +449,28 @@ def test_an_image_step_charges_its_output_to_the_request(tmp_path):
             infer_image(client, "raw", gray_png(2000, 2000))
         assert infer_image(client, "raw", gray_png(64, 48)).as_numpy("PIXELS").shape == (1, 3, 48, 64)
         assert metric(s, "ferry_inflight_request_bytes") == 0
+
+
+def test_a_stream_whose_client_does_not_read_is_bounded(tmp_path):
+    import http.client
+    repo = str(tmp_path / "repo")
+    models.flood(repo)
+    sent = tmp_path / "sent"
+    with Server(["--model-repository", repo], env={"FERRY_TEST_SENT": str(sent)}) as s:
+        before = peak_rss(s)
+        # 2,000 responses of 1 MB each asked for; the client reads nothing for now.
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        conn.request("POST", "/v2/models/flood/generate_stream", body=json.dumps({"COUNT": 2000}))
+        wait_for(lambda: sent.exists() and sent.read_text() != "", "the model stops sending", seconds=120)
+        # The model saw the request cancelled long before 2,000 (the server holds a bounded backlog).
+        assert int(sent.read_text().split()[0]) < 1000
+        assert peak_rss(s) - before < 400 << 20, (before, peak_rss(s))
+        # Read now: what was held, then an error event that says why the stream ended.
+        r = conn.getresponse()
+        body = r.read().decode()
+        events = [json.loads(line[5:]) for line in body.splitlines() if line.startswith("data:")]
+        assert "error" in events[-1] and "fell behind" in events[-1]["error"], events[-1]
+        assert 0 < len(events) - 1 < 1000
+        conn.close()
+        wait_for(lambda: metric(s, "ferry_inflight_request_bytes") == 0, "the backlog is given back")
+        assert s.client().is_server_live()

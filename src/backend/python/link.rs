@@ -102,7 +102,7 @@ fn read_loop(
                     streams.lock().unwrap_or_else(|p| p.into_inner()).drain().map(|(_, tx)| tx).collect();
                 for tx in open {
                     let why = format!("model '{model}': the Python process stopped before its final response");
-                    let _ = tx.0.send(Err(Error::unavailable(why)));
+                    let _ = tx.send(Err(Error::unavailable(why)));
                 }
                 let _ = replies.send(Err(e));
                 return;
@@ -147,9 +147,11 @@ fn stream_response(model: &str, streams: &Streams, msg: &Value, blobs: Vec<Vec<u
         }),
         e => Err(Error::invalid(e["message"].as_str().unwrap_or("the model reported an error").to_string())),
     };
-    // A client that left cannot be told; the model sees it through is_cancelled().
-    let _ = tx.0.send(item);
-    if last && msg["error"] != Value::Null {
-        let _ = tx.0.send(Ok(Streamed { outputs: Vec::new(), parameters: Default::default(), last: true }));
+    // A client that left (or fell too far behind) cannot be told; the model sees it through
+    // is_cancelled(), and what it sends after is dropped here.
+    let failed = msg["error"] != Value::Null;
+    let sent = tx.send(item) && (!last || !failed || tx.send(Ok(Streamed::end())));
+    if !sent {
+        streams.lock().unwrap_or_else(|p| p.into_inner()).remove(&handle);
     }
 }
