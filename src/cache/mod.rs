@@ -80,8 +80,12 @@ pub struct Cached {
 }
 
 impl Cached {
+    /// The entry owns exactly the bytes it is charged for: an output is often a slice of its
+    /// batch's buffer, which sharing would keep whole for as long as the entry lives.
     pub fn of(resp: &InferResponse) -> Self {
-        Cached { parameters: resp.parameters.clone(), outputs: resp.outputs.clone() }
+        let outputs =
+            resp.outputs.iter().map(|t| Tensor { data: bytes::Bytes::copy_from_slice(&t.data), ..t.clone() }).collect();
+        Cached { parameters: resp.parameters.clone(), outputs }
     }
 
     /// The response a miss would have produced for this request.

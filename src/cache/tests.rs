@@ -143,3 +143,25 @@ async fn a_failed_computation_lets_a_waiter_compute() {
     assert!(waiter.await.unwrap(), "the waiter becomes the one computing");
     assert_eq!(cache.counts().local_entries, 0, "nothing stored for a failure");
 }
+
+#[test]
+fn an_entry_owns_its_bytes_not_its_batch_buffer() {
+    // One request's rows of a batch output: a slice of the whole batch's buffer.
+    let batch = Bytes::from(vec![7u8; 1 << 20]);
+    let rows = batch.slice(0..4096);
+    let resp = crate::request::InferResponse {
+        model_name: "m".into(),
+        model_version: 1,
+        id: String::new(),
+        parameters: Parameters::new(),
+        outputs: vec![Tensor { name: "Y".into(), datatype: DataType::Uint8, shape: vec![1, 4096], data: rows.clone() }],
+    };
+    let entry = Cached::of(&resp);
+    assert_eq!(entry.outputs[0].data, rows);
+    let held = entry.outputs[0].data.as_ptr_range();
+    assert!(!batch.as_ptr_range().contains(&held.start), "the entry copied its rows out of the batch buffer");
+    // Dropping the response and the batch leaves only the entry's 4 KB (the buffer's one owner
+    // was the batch): try_into_mut succeeds only for a sole owner.
+    drop((resp, rows));
+    assert!(batch.try_into_mut().is_ok(), "nothing else shares the batch buffer");
+}
