@@ -72,6 +72,44 @@ impl Schema {
         self.outputs.iter().position(|t| t.name == name)
     }
 
+    /// What a model returned for output `index`, against its config: the datatype, a shape the
+    /// config's dims allow (the shape the model sees, after the batch dim when it batches), and
+    /// bytes that hold exactly that many elements. A model's process is not trusted to send a
+    /// well-formed tensor.
+    pub fn check_output(&self, model: &str, index: usize, t: &crate::tensor::Tensor) -> Result<()> {
+        let spec = &self.outputs[index];
+        let fail = |why: String| Err(Error::internal(format!("model '{model}' output '{}': {why}", spec.name)));
+        if t.datatype != spec.datatype {
+            return fail(format!("it is {} but its config says {}", t.datatype.wire(), spec.datatype.wire()));
+        }
+        let dims = spec.reshape.as_deref().unwrap_or(&spec.dims);
+        let item = if self.batching() { t.shape.get(1..).unwrap_or(&[]) } else { &t.shape[..] };
+        let rank_ok = if self.batching() { t.shape.len() == dims.len() + 1 } else { t.shape.len() == dims.len() };
+        let fits = rank_ok
+            && t.shape.iter().all(|&d| d >= 0)
+            && item.iter().zip(dims).all(|(&got, &want)| want == -1 || got == want);
+        if !fits {
+            let shown = crate::tensor::shape_string(&self.client_shape(spec));
+            return fail(format!(
+                "its shape {} does not fit the config's {shown}",
+                crate::tensor::shape_string(&t.shape)
+            ));
+        }
+        let elements = crate::tensor::element_count(&t.shape).unwrap_or(usize::MAX);
+        let held = match t.datatype.size() {
+            Some(size) => (t.data.len() % size == 0).then_some(t.data.len() / size),
+            None => crate::tensor::bytes_elements(&t.data).try_fold(0usize, |n, e| e.map(|_| n + 1)).ok(),
+        };
+        if held != Some(elements) {
+            return fail(format!(
+                "its {} bytes do not hold the {elements} elements of shape {}",
+                t.data.len(),
+                crate::tensor::shape_string(&t.shape)
+            ));
+        }
+        Ok(())
+    }
+
     /// The shape as clients see it: `[-1] + dims` for batching models.
     pub fn client_shape(&self, spec: &TensorSpec) -> Vec<i64> {
         let mut shape = Vec::with_capacity(spec.dims.len() + 1);
@@ -156,5 +194,52 @@ impl ModelVersion {
             Runner::Ensemble(e) => Some(e),
             Runner::Scheduler(_) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::tensor::Tensor;
+
+    fn schema(max_batch_size: usize, datatype: DataType, dims: Vec<i64>) -> Schema {
+        let spec = TensorSpec {
+            name: "y".into(),
+            datatype,
+            dims,
+            reshape: None,
+            optional: false,
+            allow_ragged_batch: false,
+            labels: Arc::default(),
+        };
+        Schema { max_batch_size, inputs: vec![], outputs: vec![spec], utf8_bytes: false }
+    }
+
+    fn tensor(datatype: DataType, shape: Vec<i64>, data: &'static [u8]) -> Tensor {
+        Tensor { name: "y".into(), datatype, shape, data: Bytes::from_static(data) }
+    }
+
+    #[test]
+    fn outputs_a_model_returns_are_checked_against_the_config() {
+        let s = schema(4, DataType::Int32, vec![-1, 2]);
+        s.check_output("m", 0, &tensor(DataType::Int32, vec![1, 1, 2], &[0; 8])).unwrap();
+        let e = |t| s.check_output("m", 0, &t).unwrap_err().message().to_string();
+        assert!(e(tensor(DataType::Int64, vec![1, 1, 2], &[0; 16])).contains("it is INT64 but its config says INT32"));
+        assert!(
+            e(tensor(DataType::Int32, vec![1, 1, 3], &[0; 12]))
+                .contains("shape [1,1,3] does not fit the config's [-1,-1,2]")
+        );
+        assert!(e(tensor(DataType::Int32, vec![1, 2], &[0; 8])).contains("does not fit"), "the batch dim is missing");
+        assert!(e(tensor(DataType::Int32, vec![1, -1, 2], &[0; 8])).contains("does not fit"));
+        assert!(e(tensor(DataType::Int32, vec![1, 1, 2], &[0; 7])).contains("7 bytes do not hold the 2 elements"));
+        let strings = schema(0, DataType::Bytes, vec![2]);
+        strings.check_output("m", 0, &tensor(DataType::Bytes, vec![2], b"\x01\0\0\0a\0\0\0\0")).unwrap();
+        let bad = strings.check_output("m", 0, &tensor(DataType::Bytes, vec![2], b"\x01\0\0\0a")).unwrap_err();
+        assert!(bad.message().contains("do not hold the 2 elements"), "{bad}");
+        let cut =
+            strings.check_output("m", 0, &tensor(DataType::Bytes, vec![2], b"\x01\0\0\0a\x09\0\0\0")).unwrap_err();
+        assert!(cut.message().contains("do not hold"), "{cut}");
     }
 }

@@ -64,6 +64,7 @@ impl Engine {
             }
         };
         let id = validated.id.clone();
+        let wanted: Vec<usize> = validated.outputs.iter().map(|o| o.index).collect();
         let Ok(mut taken) = scheduler.submit(validated) else {
             return Err(Error::unavailable(format!("model '{}' is unloading", model.name)));
         };
@@ -94,7 +95,7 @@ impl Engine {
                         Ok(Err(e)) => break Err(e),
                         Err(_) => break Err(Error::internal(format!("model '{name}': the instance failed"))),
                     },
-                    next = responses.recv() => match next {
+                    next = responses.recv() => match next.map(|r| r.and_then(|s| checked(&model, &wanted, s))) {
                         Some(Ok(s)) => {
                             let (handed, last) = (Instant::now(), s.last);
                             let kind = if s.outputs.is_empty() && last { ResponseOutcome::Empty } else { ResponseOutcome::Success };
@@ -140,6 +141,27 @@ impl Engine {
         });
         Ok(rx)
     }
+}
+
+/// A streamed response as the client gets it: the outputs it asked for (all, when it named
+/// none), each checked against the config as a batch's outputs are.
+fn checked(model: &crate::model::ModelVersion, wanted: &[usize], mut s: Streamed) -> Result<Streamed> {
+    let schema = &model.schema;
+    let mut kept = Vec::with_capacity(s.outputs.len());
+    for t in s.outputs {
+        let Some(index) = schema.output_index(&t.name) else {
+            return Err(Error::internal(format!(
+                "model '{}' sent an output '{}', which its config does not have",
+                model.name, t.name
+            )));
+        };
+        if wanted.contains(&index) {
+            schema.check_output(&model.name, index, &t)?;
+            kept.push(t);
+        }
+    }
+    s.outputs = kept;
+    Ok(s)
 }
 
 fn is_decoupled(config: &crate::proto::inference::ModelConfig) -> bool {

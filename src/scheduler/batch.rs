@@ -211,7 +211,7 @@ fn respond_one(ctx: &ModelContext, job: &Job, mut outs: Vec<Tensor>) -> Result<I
                 ))
             })?;
             let t = outs.swap_remove(at);
-            check_datatype(ctx, o.index, &t)?;
+            ctx.schema.check_output(&ctx.name, o.index, &t)?;
             finish_output(ctx, job, o, t, false)
         })
         .collect::<Result<Vec<_>>>()?;

@@ -474,3 +474,76 @@ def test_a_stream_whose_client_does_not_read_is_bounded(tmp_path):
         conn.close()
         wait_for(lambda: metric(s, "ferry_inflight_request_bytes") == 0, "the backlog is given back")
         assert s.client().is_server_live()
+
+
+# Sends, per request, the response that MODE names: one the config allows, then a bad one.
+ROGUE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+BAD = {
+    "name": lambda: pb_utils.Tensor("SECRET", np.array([1], dtype=np.int32)),
+    "datatype": lambda: pb_utils.Tensor("OUT", np.array([1.5], dtype=np.float32)),
+    "shape": lambda: pb_utils.Tensor("OUT", np.zeros((3, 2), dtype=np.int32)),
+}
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(__import__("json").loads(args["model_config"])) \\
+            if hasattr(pb_utils, "using_decoupled_model_transaction_policy") else "decoupled" in args["model_name"]
+
+    def execute(self, requests):
+        out = []
+        for request in requests:
+            mode = pb_utils.get_input_tensor_by_name(request, "MODE").as_numpy().reshape(-1)[0].decode()
+            good = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([7], dtype=np.int32)),
+                                               pb_utils.Tensor("EXTRA", np.array([8], dtype=np.int32))])
+            bad = pb_utils.InferenceResponse([BAD[mode]()])
+            if self.decoupled:
+                sender = request.get_response_sender()
+                sender.send(good)
+                sender.send(bad, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                out.append(bad if mode != "good" else good)
+        return None if self.decoupled else out
+'''
+
+
+def rogue_config(decoupled):
+    policy = "model_transaction_policy { decoupled: true }" if decoupled else ""
+    return f"""
+backend: "python"
+max_batch_size: 0
+{policy}
+input [ {{ name: "MODE" data_type: TYPE_STRING dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }}, {{ name: "EXTRA" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+"""
+
+
+@pytest.mark.parametrize("mode,error", [
+    ("name", "sent an output 'SECRET', which its config does not have"),
+    ("datatype", "output 'OUT': it is FP32 but its config says INT32"),
+    ("shape", "output 'OUT': its shape [3,2] does not fit the config's [1]"),
+])
+def test_decoupled_outputs_are_checked_as_batch_outputs_are(tmp_path, mode, error):
+    repo = str(tmp_path)
+    models.python_model(repo, "rogue_decoupled", ROGUE, rogue_config(True))
+    models.python_model(repo, "rogue", ROGUE, rogue_config(False))
+    with Server(["--model-repository", repo]) as s:
+        client = s.grpc_client()
+        import queue
+        got = queue.Queue()
+        client.start_stream(callback=lambda result, error: got.put((result, error)))
+        mode_input = grpcclient.InferInput("MODE", [1], "BYTES").set_data_from_numpy(np.array([mode.encode()], dtype=np.object_))
+        client.async_stream_infer("rogue_decoupled", [mode_input], outputs=[grpcclient.InferRequestedOutput("OUT")])
+        first, e = got.get(timeout=30)
+        assert e is None
+        # Only the output asked for reaches the client.
+        assert first.as_numpy("OUT").tolist() == [7] and first.as_numpy("EXTRA") is None
+        second, e = got.get(timeout=30)
+        assert e is not None and error in str(e), (second, e)
+        client.stop_stream()
+        if mode != "name":
+            with pytest.raises(InferenceServerException, match=re.escape(error)):
+                client.infer("rogue", [mode_input])
