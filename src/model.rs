@@ -97,7 +97,7 @@ impl Schema {
         }
         let elements = crate::tensor::element_count(&t.shape).unwrap_or(usize::MAX);
         let held = match t.datatype.size() {
-            Some(size) => (t.data.len() % size == 0).then_some(t.data.len() / size),
+            Some(size) => t.data.len().is_multiple_of(size).then_some(t.data.len() / size),
             None => crate::tensor::bytes_elements(&t.data).try_fold(0usize, |n, e| e.map(|_| n + 1)).ok(),
         };
         if held != Some(elements) {

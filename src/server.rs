@@ -225,6 +225,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), String> {
     let core = Core::new(&config, log_control, traces)?;
+    crate::backend::python::live::sweep_stale();
     log_platform(&config, &core.roots);
     crate::gpu::log_visible();
     let Core { engine, registry, repository, cache, admission, .. } = &core;
@@ -287,6 +288,8 @@ pub async fn run(
     for model in registry.serving(None) {
         repository.loader().unload(&model.name);
     }
+    // Python models get a moment to finalize; then no process or region of theirs outlives ferry.
+    tokio::task::spawn_blocking(|| crate::backend::python::live::release_all(Duration::from_secs(5))).await.ok();
     Ok(())
 }
 

@@ -244,7 +244,7 @@ struct ServeArgs {
     #[arg(long, env = "FERRY_ID", default_value = "ferry")]
     id: String,
     /// Backend settings, as tritonserver (repeatable): `onnxruntime,default-max-batch-size=4`,
-    /// `python,executable=<path>`, `python,stub-timeout-seconds=30`.
+    /// `python,executable=<path>`, `python,stub-timeout-seconds=30`, `python,execute-timeout-seconds=0`.
     #[arg(long, env = "FERRY_BACKEND_CONFIG")]
     backend_config: Vec<String>,
 }
@@ -343,12 +343,15 @@ impl Config {
                     default_max_batch_size = number(v)?.min(i32::MAX as u64) as i32;
                 }
                 Some(("python", ("executable", v))) => python.executable = Some(PathBuf::from(v)),
+                Some(("python", ("execute-timeout-seconds", v))) => {
+                    python.execute_timeout = Some(std::time::Duration::from_secs(number(v)?)).filter(|d| !d.is_zero());
+                }
                 Some(("python", ("stub-timeout-seconds", v))) => {
                     python.stub_timeout = std::time::Duration::from_secs(number(v)?.max(1));
                 }
                 _ => {
                     return Err(invalid(format!(
-                        "--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>, python,executable=<path> or python,stub-timeout-seconds=<n>"
+                        "--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>, python,executable=<path>, python,stub-timeout-seconds=<n> or python,execute-timeout-seconds=<n>"
                     )));
                 }
             }

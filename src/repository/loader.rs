@@ -83,6 +83,7 @@ impl Loader {
             Ok(p) => p,
             Err(reason) => {
                 tracing::error!(model = name, error = %reason, "model failed to load");
+                let reason = shown(&reason, dir, name);
                 self.registry.fail_model(name, &reason);
                 return Err(Error::invalid(format!("failed to load '{name}': {reason}")));
             }
@@ -106,11 +107,12 @@ impl Loader {
         let mut outcomes = BTreeMap::new();
         let mut failures = Vec::new();
         for (version, task) in tasks {
-            let outcome = task.await.unwrap_or_else(|e| Err(format!("version load task failed: {e}")));
-            match &outcome {
+            let mut outcome = task.await.unwrap_or_else(|e| Err(format!("version load task failed: {e}")));
+            match &mut outcome {
                 Ok(_) => tracing::info!(model = name, version, "model version ready"),
                 Err(reason) => {
                     tracing::error!(model = name, version, error = %reason, "model version failed to load");
+                    *reason = shown(reason, dir, name);
                     failures.push(format!("version {version}: {reason}"));
                 }
             }
@@ -135,6 +137,13 @@ impl Loader {
             old.retire();
         }
     }
+}
+
+/// A load failure as clients see it (the load API, the repository index): the server's local
+/// folders (the model cache, staging) named by the model's own folder name; the log has it whole.
+fn shown(reason: &str, dir: &Path, name: &str) -> String {
+    let local = dir.display().to_string();
+    if local.is_empty() { reason.to_string() } else { reason.replace(&local, name) }
 }
 
 fn prepare(

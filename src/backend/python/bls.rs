@@ -15,7 +15,8 @@ use crate::{
 };
 
 pub enum HostCall {
-    Infer(Value, Vec<Vec<u8>>),
+    /// A BLS request, with the context of the batch that made it.
+    Infer(Value, Vec<Vec<u8>>, crate::request::Context),
     Control(Value),
 }
 
@@ -135,7 +136,15 @@ fn infer_reply(seq: &Value, outcome: Result<InferResponse>, writer: &Writer) {
 }
 
 /// Runs a call on the runtime and answers the process when it is done.
-pub fn serve(call: HostCall, host: Option<Arc<dyn Host>>, runtime: &tokio::runtime::Handle, writer: Writer) {
+/// `alone`: the calling model, when it runs a single instance (a BLS call to itself would wait
+/// for the very instance that makes it).
+pub fn serve(
+    call: HostCall,
+    (host, alone): (Option<Arc<dyn Host>>, Option<&str>),
+    runtime: &tokio::runtime::Handle,
+    writer: Writer,
+) {
+    let alone = alone.map(str::to_string);
     runtime.spawn(async move {
         let Some(host) = host else {
             let e = Error::unavailable("the server is not running");
@@ -143,9 +152,14 @@ pub fn serve(call: HostCall, host: Option<Arc<dyn Host>>, runtime: &tokio::runti
             return;
         };
         match call {
-            HostCall::Infer(msg, blobs) => {
+            HostCall::Infer(msg, blobs, context) => {
                 let outcome = match bls_request(&msg, blobs) {
-                    Ok(req) => host.infer(req).await,
+                    Ok(req) if alone.as_deref() == Some(req.model_name.as_str()) => Err(Error::invalid(format!(
+                        "model '{}' runs one instance, which is busy with the request that makes this BLS call: a \
+                         call to itself would wait for itself for ever (give it more instances)",
+                        req.model_name
+                    ))),
+                    Ok(req) => host.infer(crate::request::InferRequest { context, ..req }).await,
                     Err(e) => Err(e),
                 };
                 infer_reply(&msg["seq"], outcome, &writer);

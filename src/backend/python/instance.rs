@@ -1,7 +1,13 @@
 //! One instance of a Python model: its process, the shared memory its inputs go through, and the
 //! loop that answers the process's own calls (BLS, model control, log lines) while it executes.
 //! A process that dies fails the batch it was running, and a new one takes its place.
-use std::{collections::BTreeMap, fs::File, os::unix::fs::FileExt, sync::Arc, time::Duration};
+use std::{
+    collections::BTreeMap,
+    fs::File,
+    os::unix::fs::{FileExt, OpenOptionsExt},
+    sync::Arc,
+    time::Duration,
+};
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -34,10 +40,12 @@ impl Region {
             self.generation += 1;
             let name = format!("{}-{}", self.prefix, self.generation);
             let path = format!("/dev/shm/{name}");
+            // Only this user may read what clients sent (the name is unguessable too).
             let file = std::fs::OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create_new(true)
+                .mode(0o600)
                 .open(&path)
                 .and_then(|f| f.set_len(size).map(|()| f))
                 .map_err(|e| Error::internal(format!("cannot create shared memory {path}: {e}")))?;
@@ -87,9 +95,9 @@ fn error_of(e: &Value) -> Error {
 impl PythonInstance {
     pub fn start(launch: Arc<Launch>, index: usize) -> Result<PythonInstance> {
         let process = launch.spawn(index)?;
-        let prefix = format!("ferry-in-{}-{}", std::process::id(), process.pid());
+        let inputs = Region::new(format!("{}-in", process.prefix));
         let link = Link::new(process, Arc::clone(&launch))?;
-        Ok(PythonInstance { launch, index, link, inputs: Region::new(prefix), outputs: None })
+        Ok(PythonInstance { launch, index, link, inputs, outputs: None })
     }
 
     /// Replaces a dead process; the next batch goes to the new one.
@@ -99,6 +107,7 @@ impl PythonInstance {
         self.launch.restarts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         match self.launch.spawn(self.index).and_then(|p| Link::new(p, Arc::clone(&self.launch))) {
             Ok(link) => {
+                self.inputs = Region::new(format!("{}-in", link.process.prefix));
                 self.link = link;
                 self.outputs = None;
                 tracing::info!(model = %model, instance = self.index, "Python process restarted");
@@ -206,14 +215,32 @@ impl PythonInstance {
         let decoupled = requests.iter().any(|r| r.stream.is_some());
         let msg =
             Execute { op: "execute", region: (&self.inputs.name, self.inputs.size), requests: described, decoupled };
+        // BLS calls the model makes while it runs are nested in the deepest of its requests.
+        let deepest = requests.iter().map(|r| r.context).max_by_key(|c| c.nesting);
+        *self.link.running.lock().unwrap_or_else(|p| p.into_inner()) = deepest.cloned().unwrap_or_default();
+        let deadline = self.launch.execute_timeout.and_then(|t| std::time::Instant::now().checked_add(t));
         let sent = self.link.process.writer.send(&msg, &[]);
-        let (reply, _) = match sent.and_then(|()| self.link.reply(None)) {
+        let replied = sent.and_then(|()| self.link.wait(deadline));
+        // The batch is over: its context (its requests' tickets) must not outlive it.
+        *self.link.running.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
+        let (reply, _) = match replied {
             Ok(r) => r,
-            Err(e) => {
-                let why = format!("{e}; {}", self.link.process.death());
-                self.restart(&why);
+            Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                let took = self.launch.execute_timeout.unwrap_or_default().as_secs_f64();
+                self.restart(&format!("execute() did not return within {took} s"));
                 return Err(Error::unavailable(format!(
-                    "model '{}': the Python process running this request died ({why}); a new one was started",
+                    "model '{}': execute() did not return within {took} s (EXECUTE_TIMEOUT_SECONDS, or --backend-config \
+                     python,execute-timeout-seconds); its process was stopped and a new one started",
+                    self.launch.model
+                )));
+            }
+            Err(e) => {
+                // What it printed last (paths, secrets) goes to the log, not to clients.
+                let (status, said) = self.link.process.death();
+                self.restart(&format!("{e}; {status}; it last said: {said}"));
+                return Err(Error::unavailable(format!(
+                    "model '{}': the Python process running this request died ({status}); a new one was started (the \
+                     server log has what it printed)",
                     self.launch.model
                 )));
             }

@@ -9,7 +9,7 @@ use std::{
         atomic::{AtomicU64, Ordering},
         mpsc,
     },
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use bytes::Bytes;
@@ -22,7 +22,7 @@ use super::{
 };
 use crate::{
     error::{Error, Result},
-    request::{StreamTx, Streamed},
+    request::{Context, StreamTx, Streamed},
     tensor::{DataType, Tensor},
 };
 
@@ -32,7 +32,12 @@ pub struct Link {
     pub process: Process,
     replies: mpsc::Receiver<std::io::Result<Message>>,
     streams: Streams,
+    /// The context of the batch running: BLS calls made meanwhile are nested in it.
+    pub running: Arc<Mutex<Context>>,
 }
+
+/// How often a wait for the process looks at the process itself.
+const WATCH: Duration = Duration::from_millis(200);
 
 /// Tensors a message describes, with their bytes in its blobs.
 pub fn tensors(meta: &Value, blobs: Vec<Vec<u8>>) -> Result<Vec<Tensor>> {
@@ -59,12 +64,34 @@ impl Link {
         let reader = process.reader().map_err(|e| Error::internal(format!("cannot read the Python process: {e}")))?;
         let (tx, replies) = mpsc::channel();
         let streams: Streams = Arc::default();
-        let (writer, shared) = (process.writer.clone(), Arc::clone(&streams));
+        let running: Arc<Mutex<Context>> = Arc::default();
+        let (writer, shared, context) = (process.writer.clone(), Arc::clone(&streams), Arc::clone(&running));
         std::thread::Builder::new()
             .name(format!("{}-py-reader", launch.model))
-            .spawn(move || read_loop(reader, &launch, &writer, &shared, &tx))
+            .spawn(move || read_loop(reader, (&launch, &context), &writer, &shared, &tx))
             .map_err(|e| Error::internal(format!("cannot start a reader thread: {e}")))?;
-        Ok(Link { process, replies, streams })
+        Ok(Link { process, replies, streams, running })
+    }
+
+    /// The process's reply to the call just sent, watching the process itself meanwhile (a
+    /// helper it forked may hold its socket open after it died: then the socket never closes).
+    /// Past `deadline`: an error of kind TimedOut.
+    pub fn wait(&mut self, deadline: Option<Instant>) -> std::io::Result<Message> {
+        loop {
+            match self.replies.recv_timeout(WATCH) {
+                Ok(reply) => return reply,
+                Err(mpsc::RecvTimeoutError::Disconnected) => {
+                    return Err(std::io::Error::other("the Python process is gone"));
+                }
+                Err(mpsc::RecvTimeoutError::Timeout) => {}
+            }
+            if self.process.exited() {
+                return Err(std::io::Error::other("the Python process exited"));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "execute() did not return in time"));
+            }
+        }
     }
 
     /// A handle for a request whose responses stream.
@@ -87,7 +114,7 @@ impl Link {
 
 fn read_loop(
     reader: std::os::unix::net::UnixStream,
-    launch: &Launch,
+    (launch, running): (&Launch, &Mutex<Context>),
     writer: &Writer,
     streams: &Streams,
     replies: &mpsc::Sender<std::io::Result<Message>>,
@@ -113,7 +140,10 @@ fn read_loop(
                 let _ = replies.send(Ok((msg, blobs)));
             }
             Some("log") => bls::log(model, &msg),
-            Some("infer") => launch.host_call(HostCall::Infer(msg, blobs), writer.clone()),
+            Some("infer") => {
+                let context = running.lock().unwrap_or_else(|p| p.into_inner()).nested();
+                launch.host_call(HostCall::Infer(msg, blobs, context), writer.clone());
+            }
             Some("control") => launch.host_call(HostCall::Control(msg), writer.clone()),
             Some("response") => stream_response(model, streams, &msg, blobs),
             Some("cancelled") => {

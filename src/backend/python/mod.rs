@@ -24,6 +24,7 @@ mod bls;
 mod env;
 mod instance;
 mod link;
+pub mod live;
 mod process;
 
 use process::Process;
@@ -40,6 +41,10 @@ pub struct PythonSettings {
     pub stub_timeout: Duration,
     /// Where EXECUTION_ENV_PATH archives are unpacked (the model cache).
     pub envs_dir: PathBuf,
+    /// `execute-timeout-seconds=<n>`: how long one `execute` may take before its process is
+    /// killed and replaced, its requests failed (default: no limit; a model's
+    /// `EXECUTE_TIMEOUT_SECONDS` parameter overrides it).
+    pub execute_timeout: Option<Duration>,
 }
 
 impl Default for PythonSettings {
@@ -48,6 +53,7 @@ impl Default for PythonSettings {
             executable: None,
             stub_timeout: Duration::from_secs(30),
             envs_dir: std::env::temp_dir().join("ferry-python-envs"),
+            execute_timeout: None,
         }
     }
 }
@@ -72,6 +78,10 @@ pub(crate) struct Launch {
     config_json: String,
     device: Device,
     timeout: Duration,
+    /// How long one `execute` may take before its process is killed and replaced (None: no limit).
+    pub execute_timeout: Option<Duration>,
+    /// The model runs one instance in all.
+    single_instance: bool,
     host: HostSlot,
     runtime: tokio::runtime::Handle,
     restarts: Arc<AtomicU64>,
@@ -103,8 +113,14 @@ impl Launch {
     fn request(&self, p: &mut Process, msg: &serde_json::Value, what: &str) -> Result<serde_json::Value> {
         let fail = |e: String| Error::unavailable(format!("model '{}': {what} failed: {e}", self.model));
         p.writer.send(msg, &[]).map_err(|e| fail(e.to_string()))?;
-        p.set_timeout(Some(self.timeout));
+        // The timeout bounds the whole call, however many log lines come meanwhile.
+        let deadline = std::time::Instant::now() + self.timeout;
         let reply = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(fail(format!("no answer within {} s", self.timeout.as_secs())));
+            }
+            p.set_timeout(Some(left));
             match p.recv() {
                 Ok((m, _)) if m["op"] == "log" => bls::log(&self.model, &m),
                 Ok((m, _)) if m["op"] == "done" => break m,
@@ -112,7 +128,13 @@ impl Launch {
                 Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                     return Err(fail(format!("no answer within {} s", self.timeout.as_secs())));
                 }
-                Err(e) => return Err(fail(format!("{e}; the process {}", p.death()))),
+                Err(e) => {
+                    // The log gets all it printed; the error its last line (its exception, as a rule).
+                    let (status, said) = p.death();
+                    tracing::error!(model = %self.model, status = %status, "the Python process died during {what}: {said}");
+                    let last = said.rsplit(" | ").next().unwrap_or_default();
+                    return Err(fail(format!("{e}; the process {status}: {last}")));
+                }
             }
         };
         p.set_timeout(None);
@@ -126,8 +148,33 @@ impl Launch {
     }
 
     fn host_call(&self, call: bls::HostCall, writer: process::Writer) {
-        bls::serve(call, self.host.get().and_then(std::sync::Weak::upgrade), &self.runtime, writer);
+        let host = self.host.get().and_then(std::sync::Weak::upgrade);
+        let alone = self.single_instance.then_some(self.model.as_str());
+        bls::serve(call, (host, alone), &self.runtime, writer);
     }
+}
+
+/// A model's `EXECUTE_TIMEOUT_SECONDS` parameter (0: no limit).
+fn execute_timeout(config: &ModelConfig) -> Result<Option<Duration>> {
+    let Some(p) = config.parameters.get("EXECUTE_TIMEOUT_SECONDS") else { return Ok(None) };
+    let v = p.string_value.trim();
+    match v.parse::<f64>() {
+        Ok(0.0) => Ok(Some(Duration::MAX)),
+        Ok(s) if s > 0.0 && s <= 1e9 => Ok(Some(Duration::from_secs_f64(s))),
+        _ => Err(Error::invalid(format!(
+            "model '{}': parameter 'EXECUTE_TIMEOUT_SECONDS' is '{v}'; expected seconds (0: no limit)",
+            config.name
+        ))),
+    }
+}
+
+/// How many instances the config runs (KIND_GPU groups once per GPU listed).
+fn instances(config: &ModelConfig) -> i64 {
+    let kind_gpu = crate::proto::inference::model_instance_group::Kind::Gpu as i32;
+    let per_group = |g: &crate::proto::inference::ModelInstanceGroup| {
+        i64::from(g.count.max(0)) * if g.kind == kind_gpu { g.gpus.len().max(1) as i64 } else { 1 }
+    };
+    if config.instance_group.is_empty() { 1 } else { config.instance_group.iter().map(per_group).sum() }
 }
 
 /// Whether the default Python (`--backend-config python,executable=`, else `python3`) runs and
@@ -185,6 +232,8 @@ impl PythonBackend {
             config_json: pbtxt::to_json(config).to_string(),
             device,
             timeout: self.settings.stub_timeout,
+            execute_timeout: execute_timeout(config)?.or(self.settings.execute_timeout),
+            single_instance: instances(config) == 1,
             host: Arc::clone(&self.host),
             runtime: self.runtime.clone(),
             restarts: Arc::clone(&self.restarts),

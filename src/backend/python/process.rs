@@ -4,7 +4,10 @@
 use std::{
     collections::VecDeque,
     io::{BufRead, BufReader, Read, Write},
-    os::unix::net::{UnixListener, UnixStream},
+    os::unix::{
+        net::{UnixListener, UnixStream},
+        process::CommandExt,
+    },
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
     sync::{Arc, Mutex},
@@ -15,8 +18,12 @@ use serde_json::Value;
 
 use crate::error::{Error, Result};
 
-/// Most bytes one message may carry (a framing error must not allocate without bound).
+/// Most bytes one message may carry (a framing error must not allocate without bound); its
+/// JSON part is smaller still. Bytes are allocated as they arrive, not as announced.
 pub(super) const MAX_MESSAGE: u64 = 4 << 30;
+const MAX_JSON: u64 = 64 << 20;
+/// Longest line of a process's output forwarded as one log line (longer ones are split).
+const MAX_LINE: usize = 16 << 10;
 
 /// A message: its JSON part and its blobs.
 pub type Message = (Value, Vec<Vec<u8>>);
@@ -48,18 +55,25 @@ pub struct Process {
     pub writer: Writer,
     /// The last lines it wrote to stderr, for errors that say why it died.
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
+    /// What its shared-memory regions (and ferry's for it) are named after.
+    pub prefix: String,
 }
 
+/// `n` bytes, read into a buffer that grows as they arrive (a peer announcing gigabytes and
+/// sending nothing costs nothing).
 fn read_exact(r: &mut impl Read, n: usize) -> std::io::Result<Vec<u8>> {
-    let mut buf = vec![0u8; n];
-    r.read_exact(&mut buf)?;
+    let mut buf = Vec::with_capacity(n.min(1 << 20));
+    r.take(n as u64).read_to_end(&mut buf)?;
+    if buf.len() != n {
+        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the message ended early"));
+    }
     Ok(buf)
 }
 
 /// One message: length-prefixed JSON, then its blobs.
 pub fn read_message(r: &mut impl Read) -> std::io::Result<Message> {
     let n = u32::from_le_bytes(read_exact(r, 4)?.try_into().unwrap_or_default()) as u64;
-    if n > MAX_MESSAGE {
+    if n > MAX_JSON {
         return Err(std::io::Error::other(format!("a message of {n} bytes")));
     }
     let msg: Value = serde_json::from_slice(&read_exact(r, n as usize)?).map_err(std::io::Error::other)?;
@@ -75,17 +89,46 @@ pub fn read_message(r: &mut impl Read) -> std::io::Result<Message> {
     Ok((msg, blobs))
 }
 
+/// Forwards what a process writes, line by line, to ferry's log: bytes, not text (a byte that is
+/// not UTF-8 is shown replaced, and never stops the forwarding, which would make the process's
+/// next write fail), lines cut at [`MAX_LINE`].
 fn forward_lines(stream: impl Read + Send + 'static, model: String, tail: Option<Arc<Mutex<VecDeque<String>>>>) {
     std::thread::spawn(move || {
-        for line in BufReader::new(stream).lines().map_while(|l| l.ok()) {
-            tracing::info!(model = %model, "python: {line}");
+        let mut r = BufReader::new(stream);
+        let mut line = Vec::new();
+        let emit = |line: &[u8]| {
+            let text = String::from_utf8_lossy(line);
+            tracing::info!(model = %model, "python: {text}");
             if let Some(tail) = &tail {
                 let mut t = tail.lock().unwrap_or_else(|p| p.into_inner());
                 if t.len() == 20 {
                     t.pop_front();
                 }
-                t.push_back(line);
+                t.push_back(text.into_owned());
             }
+        };
+        loop {
+            let buf = match r.fill_buf() {
+                Ok([]) => break,
+                Ok(b) => b,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            let room = MAX_LINE - line.len();
+            let (take, ends) = match buf.iter().take(room).position(|&b| b == b'\n') {
+                Some(i) => (i + 1, true),
+                None => (buf.len().min(room), line.len() + buf.len().min(room) == MAX_LINE),
+            };
+            line.extend_from_slice(&buf[..take]);
+            r.consume(take);
+            if ends {
+                let end = line.len() - usize::from(line.last() == Some(&b'\n'));
+                emit(&line[..end]);
+                line.clear();
+            }
+        }
+        if !line.is_empty() {
+            emit(&line);
         }
     });
 }
@@ -109,10 +152,14 @@ impl Process {
             }
             _ => stub_dir.as_os_str().to_os_string(),
         };
+        let prefix = super::live::prefix();
         let mut child = Command::new(python)
             .arg("-u")
             .arg(stub_dir.join("ferry_stub.py"))
             .arg(&socket)
+            .arg(&prefix)
+            // Its own process group: what it forks is killed with it.
+            .process_group(0)
             .env("PYTHONPATH", python_path)
             .env("PYTHONDONTWRITEBYTECODE", "1")
             .current_dir(workdir)
@@ -121,6 +168,13 @@ impl Process {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| Error::unavailable(format!("cannot start '{}' for model '{model}': {e}", python.display())))?;
+        super::live::started(child.id(), &prefix);
+        // Until it connects, a failure kills and reaps it (no zombie, no orphaned helper).
+        let abandon = |child: &mut Child| {
+            super::live::release(child.id(), &prefix);
+            let _ = child.kill();
+            let _ = child.wait();
+        };
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         if let Some(out) = child.stdout.take() {
             forward_lines(out, model.to_string(), None);
@@ -133,9 +187,13 @@ impl Process {
             match listener.accept() {
                 Ok((s, _)) => break s,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(Error::internal(format!("python process for model '{model}': {e}"))),
+                Err(e) => {
+                    abandon(&mut child);
+                    return Err(Error::internal(format!("python process for model '{model}': {e}")));
+                }
             }
             if let Ok(Some(status)) = child.try_wait() {
+                super::live::release(child.id(), &prefix);
                 std::thread::sleep(Duration::from_millis(50));
                 let why = tail.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect::<Vec<_>>().join("\n");
                 return Err(Error::unavailable(format!(
@@ -144,7 +202,7 @@ impl Process {
                 )));
             }
             if started.elapsed() > timeout {
-                let _ = child.kill();
+                abandon(&mut child);
                 return Err(Error::unavailable(format!(
                     "the Python process for model '{model}' did not start within {} s",
                     timeout.as_secs()
@@ -153,9 +211,17 @@ impl Process {
             std::thread::sleep(Duration::from_millis(5));
         };
         let _ = std::fs::remove_file(&socket);
-        stream.set_nonblocking(false).map_err(|e| Error::internal(e.to_string()))?;
-        let writer = Writer(Arc::new(Mutex::new(stream.try_clone().map_err(|e| Error::internal(e.to_string()))?)));
-        Ok(Process { child, reader: stream, writer, stderr_tail: tail })
+        let process = |stream: UnixStream| -> std::io::Result<Process> {
+            stream.set_nonblocking(false)?;
+            let writer = Writer(Arc::new(Mutex::new(stream.try_clone()?)));
+            Ok(Process { child, reader: stream, writer, stderr_tail: tail, prefix })
+        };
+        process(stream).map_err(|e| Error::internal(e.to_string()))
+    }
+
+    /// Whether the process itself has ended (its socket may live on in a helper it forked).
+    pub fn exited(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(Some(_)))
     }
 
     pub fn set_timeout(&self, t: Option<Duration>) {
@@ -174,17 +240,18 @@ impl Process {
         Ok(r)
     }
 
-    /// Why the process is gone (its exit status and last stderr lines), once it is.
-    pub fn death(&mut self) -> String {
+    /// Why the process is gone, once it is: its exit status, and its last stderr lines (for
+    /// the log only: they may hold paths or secrets).
+    pub fn death(&mut self) -> (String, String) {
         let status = match self.child.try_wait() {
             Ok(Some(s)) => s.to_string(),
             _ => {
-                let _ = self.child.kill();
+                super::live::release(self.child.id(), &self.prefix);
                 self.child.wait().map_or("killed".into(), |s| s.to_string())
             }
         };
         let tail = self.stderr_tail.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect::<Vec<_>>();
-        if tail.is_empty() { status } else { format!("{status}; it last said: {}", tail.join(" | ")) }
+        (status, tail.join(" | "))
     }
 
     pub fn pid(&self) -> u32 {
@@ -193,8 +260,12 @@ impl Process {
 }
 
 impl Drop for Process {
+    /// Its group killed, its regions removed, the process reaped, and the socket shut so that
+    /// the reader thread ends even while a helper it forked still holds the other end.
     fn drop(&mut self) {
+        super::live::release(self.child.id(), &self.prefix);
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = self.reader.shutdown(std::net::Shutdown::Both);
     }
 }

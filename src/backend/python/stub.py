@@ -268,7 +268,8 @@ class OutputRegion:
 class Stub:
     def __init__(self, channel):
         self.channel, self.model, self.inputs = channel, None, (None, None)
-        self.outputs = OutputRegion(f"ferry-py-{os.getpid()}")
+        # ferry names this process's regions (unguessable, removed by ferry when it ends).
+        self.outputs = OutputRegion(f"{sys.argv[2]}-out" if len(sys.argv) > 2 else f"ferry-py-{os.getpid()}")
         self.loop = None
 
     def load_module(self, path):
