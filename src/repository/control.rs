@@ -173,13 +173,13 @@ impl ModelRepository {
         })
     }
 
-    pub(super) fn remember(&self, found: &Found, plan: &Plan) {
-        let seen = Seen {
-            last: found.clone(),
-            fingerprint: found.fingerprint(),
-            loaded: plan.key.clone(),
-            held: plan.held.clone(),
+    /// `fingerprint`: the found model's (a local model's is its plan's key, computed once).
+    pub(super) async fn remember(&self, found: &Found, plan: &Plan) {
+        let fingerprint = match found.place {
+            Place::Local(_) => plan.key.clone(),
+            Place::Remote(..) => found.fingerprint().await,
         };
+        let seen = Seen { last: found.clone(), fingerprint, loaded: plan.key.clone(), held: plan.held.clone() };
         self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(found.name.clone(), seen);
     }
 
@@ -196,7 +196,10 @@ impl ModelRepository {
         for f in found.iter() {
             let before = self.seen.lock().unwrap_or_else(|p| p.into_inner()).get(&f.name).cloned();
             let plan = self.sources.plan(f, before.as_ref().map(|s| &s.last)).await;
-            let fingerprint = f.fingerprint();
+            let fingerprint = match f.place {
+                Place::Local(_) => plan.key.clone(),
+                Place::Remote(..) => f.fingerprint().await,
+            };
             // A local folder must stay as it is for one poll; remote versions settle by the
             // completeness rule inside the plan.
             let settled =

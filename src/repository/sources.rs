@@ -52,14 +52,20 @@ pub struct Found {
 }
 
 impl Found {
-    /// Changes when anything of the model changes (names, sizes, times or tags).
-    pub fn fingerprint(&self) -> String {
+    /// Changes when anything of the model changes (names, sizes, times or tags). A local folder
+    /// is walked on a blocking thread: a folder of 200,000 files must not stall the runtime
+    /// (health checks, requests) for the time the walk takes.
+    pub async fn fingerprint(&self) -> String {
         match &self.place {
             Place::Local(dir) => {
-                let mut entries = Vec::new();
-                walk(dir, dir, &mut entries);
-                entries.sort();
-                md5_hex(&entries.join("\n"))
+                let dir = dir.clone();
+                let walked = tokio::task::spawn_blocking(move || {
+                    let mut entries = Vec::new();
+                    walk(&dir, &dir, &mut entries);
+                    entries.sort();
+                    md5_hex(&entries.join("\n"))
+                });
+                walked.await.unwrap_or_default()
             }
             Place::Remote(_, objects) => md5_hex(
                 &objects.iter().map(|o| format!("{}:{}:{}", o.rel, o.size, o.tag)).collect::<Vec<_>>().join("\n"),
@@ -234,7 +240,9 @@ impl Sources {
         let mut found: Vec<(Found, String)> = Vec::new();
         let local: Vec<PathBuf> =
             self.roots.iter().filter_map(|r| if let Root::Local(p) = r { Some(p.clone()) } else { None }).collect();
-        let (local_found, mut duplicates) = scan_local(&local);
+        // Listing local roots reads the file system: on a blocking thread, as the walks are.
+        let listed = tokio::task::spawn_blocking(move || scan_local(&local)).await;
+        let (local_found, mut duplicates) = listed.map_err(|e| format!("cannot list the local repositories: {e}"))?;
         for LocalFound { name, dir } in local_found {
             let at = dir.display().to_string();
             found.push((Found { name, place: Place::Local(dir) }, at));
@@ -319,7 +327,7 @@ impl Sources {
     pub async fn plan(&self, found: &Found, previous: Option<&Found>) -> Plan {
         match &found.place {
             Place::Local(dir) => Plan {
-                key: found.fingerprint(),
+                key: found.fingerprint().await,
                 held: Vec::new(),
                 versions: usize::from(!super::version_dirs(dir).is_empty()),
                 source: PlanSource::Local(dir.clone()),
@@ -500,6 +508,32 @@ impl Sources {
 #[cfg(test)]
 mod tests {
     use std::path::Path;
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_local_folder_is_walked_off_the_runtime_thread() {
+        let dir = tempfile::tempdir().unwrap();
+        for i in 0..5000 {
+            std::fs::write(dir.path().join(format!("f{i}")), b"x").unwrap();
+        }
+        let found = super::Found { name: "m".into(), place: super::Place::Local(dir.path().to_path_buf()) };
+        let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let counter = {
+            let ticks = std::sync::Arc::clone(&ticks);
+            tokio::spawn(async move {
+                loop {
+                    ticks.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
+            })
+        };
+        tokio::task::yield_now().await;
+        let before = ticks.load(std::sync::atomic::Ordering::Relaxed);
+        let fingerprint = found.fingerprint().await;
+        // The one runtime thread went on running other tasks while the folder was walked.
+        assert!(ticks.load(std::sync::atomic::Ordering::Relaxed) > before + 1);
+        counter.abort();
+        assert_eq!(fingerprint, found.fingerprint().await, "the same folder, the same fingerprint");
+    }
 
     #[test]
     fn the_sweep_keeps_what_serves_and_what_is_being_built() {

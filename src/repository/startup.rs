@@ -123,7 +123,7 @@ impl ModelRepository {
                 let _permit = limit.acquire().await;
                 let plan = repo.sources.plan(&f, None).await;
                 say_held(&f.name, &plan);
-                repo.remember(&f, &plan);
+                repo.remember(&f, &plan).await;
                 let staged = repo.stage(&f.name, &plan).await.map_err(|e| e.to_string());
                 (f.name, staged)
             });
