@@ -290,7 +290,10 @@ def test_the_helm_charts_pod_runs_in_the_image_as_the_kubelet_would(image, tmp_p
                 "--cap-drop", "ALL", "--security-opt", "no-new-privileges", "-v", f"{repo}:/models:ro"]
     for mount in c["volumeMounts"]:
         run_args += ["--tmpfs", f"{mount['mountPath']}:uid={user},gid={user}"]
-    k = Container(image, run_args, command=c["args"], service="KServe", container_port=8000)
+    # The admin key the Secret would hold, expanded into the arguments as the kubelet does.
+    env = {"FERRY_ADMIN_KEY": "k3y"}
+    run_args += ["-e", "FERRY_ADMIN_KEY=k3y"]
+    k = Container(image, run_args, command=test_kubernetes.expand(c["args"], env), service="KServe", container_port=8000)
     try:
         port = k.ports["KServe"]
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):

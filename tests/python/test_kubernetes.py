@@ -70,7 +70,7 @@ def test_lint_is_clean():
 
 def test_defaults_render_valid_objects_without_gpu_or_crds():
     objects = render()
-    assert set(objects) == {"Deployment", "Service", "ServiceAccount", "PodDisruptionBudget"}
+    assert set(objects) == {"Deployment", "Service", "ServiceAccount", "PodDisruptionBudget", "Secret"}
     c = container(objects)
     assert not any("nvidia.com/gpu" in (c["resources"].get(k) or {}) for k in ("limits", "requests"))
     spec = objects["Deployment"]["spec"]["template"]["spec"]
@@ -178,11 +178,17 @@ def wait_http(port, path, proc, timeout=60):
     raise AssertionError(f"{path} did not answer 200 on {port} within {timeout}s")
 
 
-def run_args(args, tmp_path, replace):
+def expand(args, env):
+    """`$(NAME)` in a container's arguments, as the kubelet expands them from its environment."""
+    import re
+    return [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in args]
+
+
+def run_args(args, tmp_path, replace, env=None):
     """Runs the binary with a manifest's arguments (ports and folders swapped for free ones here)."""
     free = {name: free_port() for name in ("http-port", "grpc-port", "metrics-port")}
     out = []
-    for a in args:
+    for a in expand(args, env or {}):
         key = a[2:].split("=", 1)[0] if a.startswith("--") else None
         if key in free:
             a = f"--{key}={free[key]}"
@@ -194,16 +200,53 @@ def run_args(args, tmp_path, replace):
     return proc, free
 
 
+def test_defaults_close_admin_apis_mount_shared_memory_and_no_token():
+    objects = render()
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert objects["ServiceAccount"]["automountServiceAccountToken"] is False
+    c = container(objects)
+    (key,) = [e for e in c["env"] if e["name"] == "FERRY_ADMIN_KEY"]
+    secret = objects["Secret"]
+    assert key["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "admin-key"}
+    import base64
+    assert len(base64.b64decode(secret["data"]["admin-key"])) == 40
+    restricted = "model-repository,logging,trace:admin-key=$(FERRY_ADMIN_KEY)"
+    assert flag(c["args"], "http-restricted-api") == restricted
+    assert flag(c["args"], "grpc-restricted-protocol") == restricted
+    (dshm,) = [v for v in pod["volumes"] if v["name"] == "dshm"]
+    assert dshm["emptyDir"] == {"medium": "Memory", "sizeLimit": "1Gi"}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    # An existing Secret instead, or the APIs left open on purpose.
+    mine = render({"adminApi": {"existingSecret": "mine", "secretKey": "k"}})
+    assert "Secret" not in mine
+    (key,) = [e for e in container(mine)["env"] if e["name"] == "FERRY_ADMIN_KEY"]
+    assert key["valueFrom"]["secretKeyRef"] == {"name": "mine", "key": "k"}
+    open_ = render({"adminApi": {"restrict": False}})
+    assert "Secret" not in open_ and not any("restricted" in a for a in container(open_)["args"])
+
+
 def test_chart_command_line_runs_and_probes_answer(tmp_path):
     repo = tmp_path / "repo"
     shutil.copytree(os.path.join(ROOT, "examples", "simple"), repo / "simple")
     c = container(render({"modelRepository": "/models", "modelControlMode": "poll"}))
-    proc, ports = run_args(c["args"], tmp_path, {"model-repository": repo, "model-cache-dir": tmp_path / "cache"})
+    env = {"FERRY_ADMIN_KEY": "k3y"}
+    proc, ports = run_args(c["args"], tmp_path, {"model-repository": repo, "model-cache-dir": tmp_path / "cache"}, env)
     try:
         for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
             assert wait_http(ports["http-port"], c[probe]["httpGet"]["path"], proc) == 200
         with urllib.request.urlopen(f"http://127.0.0.1:{ports['metrics-port']}/metrics", timeout=5) as r:
             assert b"ferry_inference_load" in r.read()
+        # The repository API needs the admin key; inference does not.
+        index = urllib.request.Request(f"http://127.0.0.1:{ports['http-port']}/v2/repository/index", data=b"{}")
+        try:
+            urllib.request.urlopen(index, timeout=5)
+            raise AssertionError("the repository index answered without the admin key")
+        except urllib.error.HTTPError as e:
+            assert e.code == 403
+        index.add_header("admin-key", "k3y")
+        with urllib.request.urlopen(index, timeout=5) as r:
+            assert r.status == 200
     finally:
         proc.terminate()
         proc.wait(30)

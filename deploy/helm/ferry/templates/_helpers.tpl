@@ -32,3 +32,8 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- $s := .Values.shutdown -}}
 {{- add (int $s.preStopSleepSeconds) (int $s.exitTimeoutSecs) (int $s.terminationMarginSeconds) -}}
 {{- end -}}
+
+{{/* The Secret that holds the admin key. */}}
+{{- define "ferry.adminSecret" -}}
+{{- default (printf "%s-admin" (include "ferry.fullname" .)) .Values.adminApi.existingSecret -}}
+{{- end -}}
