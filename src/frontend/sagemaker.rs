@@ -42,11 +42,46 @@ pub struct SageMakerState {
     pub settings: SageMakerSettings,
     /// By SageMaker's model_name.
     models: Mutex<BTreeMap<String, Loaded>>,
+    /// Names (SageMaker's and the one served) of loads in progress: a second load of the same
+    /// name is refused at once instead of racing the first.
+    loading: Mutex<std::collections::BTreeSet<String>>,
+}
+
+/// A load's hold on its names until it is over.
+struct Reservation<'a> {
+    state: &'a SageMakerState,
+    names: [String; 2],
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        let mut loading = self.state.loading.lock().unwrap_or_else(|p| p.into_inner());
+        for n in &self.names {
+            loading.remove(n);
+        }
+    }
 }
 
 impl SageMakerState {
     pub fn new(http: Arc<HttpState>, settings: SageMakerSettings) -> Self {
-        SageMakerState { http, settings, models: Mutex::default() }
+        SageMakerState { http, settings, models: Mutex::default(), loading: Mutex::default() }
+    }
+
+    /// Reserves both names for a load, or None when either is loaded, serving or being loaded:
+    /// checked and taken under one lock, with no await between.
+    fn reserve(&self, model_name: &str, name: &str) -> Option<Reservation<'_>> {
+        let models = self.models();
+        let mut loading = self.loading.lock().unwrap_or_else(|p| p.into_inner());
+        let busy = models.contains_key(model_name)
+            || loading.contains(model_name)
+            || loading.contains(name)
+            || self.http.engine.registry().resolve(name, None).is_ok();
+        if busy {
+            return None;
+        }
+        loading.insert(model_name.to_string());
+        loading.insert(name.to_string());
+        Some(Reservation { state: self, names: [model_name.to_string(), name.to_string()] })
     }
 
     fn models(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Loaded>> {
@@ -221,12 +256,12 @@ async fn load(State(s): State<Arc<SageMakerState>>, headers: HeaderMap, body: ax
         return error_response(&Error::invalid("the load request needs \"model_name\" and \"url\""));
     };
     let name = header_str(&headers, TARGET_MODEL).unwrap_or(model_name).to_string();
-    // A load never replaces a model that serves (another endpoint model under the same name).
-    let taken = s.models().contains_key(model_name) || s.http.engine.registry().resolve(&name, None).is_ok();
-    if taken {
+    // A load never replaces a model that serves (another endpoint model under the same name),
+    // nor races another load of it.
+    let Some(_reserved) = s.reserve(model_name, &name) else {
         return (StatusCode::CONFLICT, axum::Json(json!({"error": format!("model '{model_name}' is already loaded")})))
             .into_response();
-    }
+    };
     let archive = match check_url(&s.settings.models_root, url).and_then(|u| model_dir(&u)) {
         Ok(d) => d,
         Err(e) => return error_response(&e),

@@ -547,3 +547,40 @@ def test_decoupled_outputs_are_checked_as_batch_outputs_are(tmp_path, mode, erro
         if mode != "name":
             with pytest.raises(InferenceServerException, match=re.escape(error)):
                 client.infer("rogue", [mode_input])
+
+
+SLOW_LOAD = '''
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        time.sleep(1.5)
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.get_input_tensor_by_name(r, "INPUT0")]) for r in requests]
+'''
+
+
+def test_two_sagemaker_loads_of_one_name_do_not_both_proceed(tmp_path):
+    import threading
+    from platforms import request
+    from test_sagemaker import port, sagemaker
+    root = tmp_path / "models"
+    for mid in ("a", "b"):
+        models.python_model(str(root / mid), "model", SLOW_LOAD, STUCK.replace("max_batch_size: 8", "max_batch_size: 0"))
+    env = {"SAGEMAKER_MULTI_MODEL": "true", "FERRY_SAGEMAKER_MODELS_ROOT": str(root)}
+    with sagemaker(tmp_path / "unused", env=env) as s:
+        statuses = []
+
+        def load(mid):
+            statuses.append(request(port(s), "POST", "/models", {"model_name": "same", "url": str(root / mid / "model")})[0])
+
+        threads = [threading.Thread(target=load, args=(m,)) for m in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(statuses) == [200, 409], statuses
+        assert request(port(s), "GET", "/models/same")[0] == 200
