@@ -387,6 +387,88 @@ fn fuzz_every_decoder() {
     let _ = std::fs::remove_file(format!("/dev/shm/{key}"));
 }
 
+/// What a config makes the server build before any request (its validation, schema, queue and
+/// batching policies), on mutated configs with hostile values (priority levels, instance
+/// counts, warm-up sizes); and the message protocol a Python process speaks (framing with
+/// announced lengths, tensor descriptions), on mutated messages.
+#[test]
+fn fuzz_configs_and_the_python_protocol() {
+    let hostile = br#"name: "m" max_batch_size: 8
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+instance_group [ { count: 2 kind: KIND_CPU } ]
+dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 100 priority_levels: 4
+  default_priority_level: 2 default_queue_policy { max_queue_size: 8 default_timeout_microseconds: 100 }
+  priority_queue_policy { key: 1 value { timeout_action: DELAY } } }
+model_warmup [ { name: "w" batch_size: 8 count: 3 inputs { key: "x" value { data_type: TYPE_FP32 dims: [ 4 ] zero_data: true } } } ]
+"#;
+    let sequence = br#"name: "s" max_batch_size: 4
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+sequence_batching { max_sequence_idle_microseconds: 1000 oldest { max_candidate_sequences: 4 }
+  control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]
+  state [ { input_name: "A" output_name: "B" data_type: TYPE_FP32 dims: [ 16 ] } ] }
+"#;
+    for seed in [&hostile[..], &sequence[..]] {
+        let mut config = ferry::repository::pbtxt::parse(std::str::from_utf8(seed).unwrap()).unwrap();
+        ferry::repository::config::normalize(&mut config);
+        ferry::repository::config::validate(&config).unwrap();
+    }
+    fuzz(
+        "config values",
+        vec![hostile.to_vec(), sequence.to_vec()],
+        |i| 512 * i.len() + (8 << 20),
+        |input| {
+            let Ok(mut config) = ferry::repository::pbtxt::parse(&String::from_utf8_lossy(input)) else { return };
+            ferry::repository::config::normalize(&mut config);
+            if ferry::repository::config::validate(&config).is_err() {
+                return;
+            }
+            let Ok(schema) = ferry::model::Schema::from_config(&config, Vec::new()) else { return };
+            let dynamic = match &config.scheduling_choice {
+                Some(ferry::proto::inference::model_config::SchedulingChoice::DynamicBatching(d)) => Some(d),
+                _ => None,
+            };
+            let _ = ferry::scheduler::QueuePolicy::new(dynamic);
+            let _ = ferry::scheduler::BatchPolicy::new(schema.max_batch_size, dynamic);
+        },
+    );
+
+    // Python messages: length-prefixed JSON, a blob count, then each blob with its length.
+    let message = |json: &str, blobs: &[&[u8]]| {
+        let mut m = Vec::new();
+        m.extend((json.len() as u32).to_le_bytes());
+        m.extend(json.as_bytes());
+        m.extend((blobs.len() as u32).to_le_bytes());
+        for b in blobs {
+            m.extend((b.len() as u64).to_le_bytes());
+            m.extend(*b);
+        }
+        m
+    };
+    let seeds = vec![
+        message(
+            r#"{"op":"response","handle":1,"final":false,"outputs":[{"name":"y","datatype":"FP32","shape":[1,2]}]}"#,
+            &[&[0; 8]],
+        ),
+        message(r#"{"op":"done","responses":[[[["y","INT32",[2],0,8]],null,{}]],"region":["r",64]}"#, &[]),
+        [message(r#"{"op":"log","level":"INFO","message":"hi"}"#, &[]), message(r#"{"op":"cancelled"}"#, &[b"x"])]
+            .concat(),
+    ];
+    fuzz(
+        "python protocol",
+        seeds,
+        // Bytes are allocated as they arrive, never as announced.
+        |i| 64 * i.len() + (2 << 20),
+        |input| {
+            let mut reader = input;
+            while let Ok((msg, blobs)) = ferry::backend::python::read_message(&mut reader) {
+                let _ = ferry::backend::python::tensors(&msg["outputs"], blobs);
+            }
+        },
+    );
+}
+
 /// A ferry_image instance: a preset, its output `size` square, and parameters over the preset's.
 fn image_step(preset: &str, size: i64, params: &[(&str, &str)]) -> Box<dyn ferry::backend::ModelInstance> {
     use ferry::backend::Backend;

@@ -27,7 +27,10 @@ mod link;
 pub mod live;
 mod process;
 
+/// The message protocol with Python processes, for the fuzz tests: framing, and tensors.
+pub use link::tensors;
 use process::Process;
+pub use process::read_message;
 
 const STUB: &str = include_str!("stub.py");
 const PB_UTILS: &str = include_str!("pb_utils.py");
