@@ -115,9 +115,62 @@ impl Context {
     }
 
     /// Counts `bytes` the request makes the server allocate (beyond its own bytes) against the
-    /// admission budget, before they are allocated: refused (Overloaded) past the budget.
+    /// admission budget, before they are allocated: refused (Overloaded) past the budget. They
+    /// stay counted as long as the request lives (its outputs).
     pub fn charge(&self, bytes: u64) -> crate::error::Result<()> {
         self.ticket.as_ref().map_or(Ok(()), |t| t.grow(bytes))
+    }
+
+    /// As `charge`, for memory used for a while (working buffers): counted until the returned
+    /// charge is dropped.
+    pub fn hold(&self, bytes: u64) -> crate::error::Result<Charge> {
+        let mut c = Charge { ticket: self.ticket.clone(), bytes: 0 };
+        c.grow(bytes)?;
+        Ok(c)
+    }
+}
+
+/// Bytes counted against a request's admission ticket for as long as this lives: working
+/// buffers, or a streamed response until a front-end has handed it to its connection.
+#[derive(Default)]
+pub struct Charge {
+    ticket: Option<Arc<Ticket>>,
+    bytes: u64,
+}
+
+impl Charge {
+    /// Counts `n` more bytes, or refuses (Overloaded) past the budget.
+    pub fn grow(&mut self, n: u64) -> crate::error::Result<()> {
+        if let Some(t) = &self.ticket {
+            t.grow(n)?;
+            self.bytes += n;
+        }
+        Ok(())
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// A separate charge of `n` bytes on the same ticket (a while's work on what this holds).
+    pub fn more(&self, n: u64) -> crate::error::Result<Charge> {
+        let mut c = Charge { ticket: self.ticket.clone(), bytes: 0 };
+        c.grow(n)?;
+        Ok(c)
+    }
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        if let Some(t) = &self.ticket {
+            t.shrink(self.bytes);
+        }
+    }
+}
+
+impl std::fmt::Debug for Charge {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Charge({} bytes)", self.bytes)
     }
 }
 
@@ -210,9 +263,12 @@ impl StreamTx {
             return false;
         }
         let n = streamed_bytes(&item);
-        let waiting = self.backlog.bytes.fetch_add(n, Ordering::AcqRel) + n;
+        let before = self.backlog.bytes.fetch_add(n, Ordering::AcqRel);
+        // One response bigger than the backlog goes when nothing else waits (the budget and the
+        // message limit bound it).
+        let fits = before == 0 || before + n <= STREAM_BACKLOG_BYTES;
         let charged = self.backlog.ticket.as_ref().is_none_or(|t| t.grow(n).is_ok());
-        if waiting <= STREAM_BACKLOG_BYTES && charged && self.tx.try_send(item).is_ok() {
+        if fits && charged && self.tx.try_send(item).is_ok() {
             return true;
         }
         self.backlog.bytes.fetch_sub(n, Ordering::AcqRel);
@@ -233,15 +289,15 @@ impl StreamTx {
 }
 
 impl StreamRx {
-    /// The next response (its bytes no longer wait); None once every sender is gone.
-    pub async fn recv(&mut self) -> Option<crate::error::Result<Streamed>> {
+    /// The next response, with the charge of its bytes (they no longer wait in the backlog,
+    /// but stay counted against the ticket until whoever holds the charge drops it: a front-end,
+    /// once it has handed the response to its connection); None once every sender is gone.
+    pub async fn recv(&mut self) -> Option<(crate::error::Result<Streamed>, Charge)> {
         let item = self.rx.recv().await?;
         let n = streamed_bytes(&item);
         self.backlog.bytes.fetch_sub(n, Ordering::AcqRel);
-        if let Some(t) = &self.backlog.ticket {
-            t.shrink(n);
-        }
-        Some(item)
+        let charge = Charge { ticket: self.backlog.ticket.clone(), bytes: n };
+        Some((item, charge))
     }
 
     /// The client fell too far behind: the stream was cut short.

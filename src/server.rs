@@ -226,6 +226,7 @@ pub async fn run(
 ) -> Result<(), String> {
     let core = Core::new(&config, log_control, traces)?;
     crate::backend::python::live::sweep_stale();
+    crate::backend::python::live::adopt_orphans();
     log_platform(&config, &core.roots);
     crate::gpu::log_visible();
     let Core { engine, registry, repository, cache, admission, .. } = &core;

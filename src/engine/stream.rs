@@ -10,17 +10,20 @@ use tokio::sync::mpsc;
 use super::Engine;
 use crate::{
     error::{Error, Result},
-    request::{InferRequest, InferResponse, STREAM_BACKLOG, STREAM_BACKLOG_BYTES, StreamTx, Streamed},
+    request::{Charge, InferRequest, InferResponse, STREAM_BACKLOG, STREAM_BACKLOG_BYTES, StreamTx, Streamed},
     stats::ResponseOutcome,
     validate::{ValidatedRequest, validate},
 };
 
 /// One response of a stream.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct StreamItem {
     pub response: InferResponse,
     /// The request's last response (it may carry no outputs: only the mark).
     pub last: bool,
+    /// Its bytes, counted against the request's admission ticket until the front-end drops
+    /// this (once it has handed the response to its connection).
+    pub charge: Charge,
 }
 
 pub type ResponseStream = mpsc::Receiver<Result<StreamItem>>;
@@ -40,7 +43,9 @@ impl Engine {
         let (out, rx) = mpsc::channel(AHEAD);
         let model = self.registry().resolve(&req.model_name, req.model_version)?;
         if !is_decoupled(&model.config) {
-            let _ = out.try_send(self.infer(req).await.map(|response| StreamItem { response, last: true }));
+            let one =
+                self.infer(req).await.map(|response| StreamItem { response, last: true, charge: Charge::default() });
+            let _ = out.try_send(one);
             return Ok(rx);
         }
         if crate::admission::arrived_after_stop() {
@@ -70,7 +75,7 @@ impl Engine {
         };
         tokio::spawn(async move {
             let (name, version) = (model.name.clone(), model.version);
-            let item = |s: Streamed| StreamItem {
+            let item = |s: Streamed, charge: Charge| StreamItem {
                 response: InferResponse {
                     model_name: name.clone(),
                     model_version: version,
@@ -79,6 +84,7 @@ impl Engine {
                     outputs: s.outputs,
                 },
                 last: s.last,
+                charge,
             };
             let mut accepted = false;
             // Response statistics: the index of the next response and when the previous one left.
@@ -95,11 +101,11 @@ impl Engine {
                         Ok(Err(e)) => break Err(e),
                         Err(_) => break Err(Error::internal(format!("model '{name}': the instance failed"))),
                     },
-                    next = responses.recv() => match next.map(|r| r.and_then(|s| checked(&model, &wanted, s))) {
-                        Some(Ok(s)) => {
+                    next = responses.recv() => match next.map(|(r, c)| (r.and_then(|s| checked(&model, &wanted, s)), c)) {
+                        Some((Ok(s), charge)) => {
                             let (handed, last) = (Instant::now(), s.last);
                             let kind = if s.outputs.is_empty() && last { ResponseOutcome::Empty } else { ResponseOutcome::Success };
-                            if out.send(Ok(item(s))).await.is_err() {
+                            if out.send(Ok(item(s, charge))).await.is_err() {
                                 respond(ResponseOutcome::Cancel, handed);
                                 break Err(Error::new(crate::error::ErrorKind::Cancelled, "the client left"));
                             }
@@ -108,7 +114,7 @@ impl Engine {
                                 break Ok(());
                             }
                         }
-                        Some(Err(e)) => {
+                        Some((Err(e), _)) => {
                             let handed = Instant::now();
                             let gone = out.send(Err(e)).await.is_err();
                             respond(if gone { ResponseOutcome::Cancel } else { ResponseOutcome::Fail }, handed);

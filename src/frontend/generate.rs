@@ -76,7 +76,19 @@ pub async fn start_with(s: &HttpState, model: &str, version: Option<u64>, body: 
     s.engine.infer_stream(request).await
 }
 
+/// A response as one JSON object of its outputs. Building it takes a JSON value per element
+/// (up to 64 bytes each, and each string twice): held against the request's ticket meanwhile.
 fn reply_json(r: &crate::engine::StreamItem) -> Result<Value> {
+    let cost: u64 = r
+        .response
+        .outputs
+        .iter()
+        .map(|t| {
+            let elements = crate::tensor::element_count(&t.shape).unwrap_or(0) as u64;
+            elements.saturating_mul(64).saturating_add(2 * t.data.len() as u64)
+        })
+        .sum();
+    let _building = r.charge.more(cost)?;
     let mut fields = instances::flat_outputs(&r.response)?;
     fields.insert("model_name".into(), Value::String(r.response.model_name.clone()));
     fields.insert("model_version".into(), Value::String(r.response.model_version.to_string()));
@@ -127,15 +139,19 @@ async fn generate_stream(
 }
 
 /// A response stream as server-sent events: `data: {...}` per response; an error is an event
-/// `{"error": ...}` that ends the stream.
+/// `{"error": ...}` that ends the stream. A response stays charged to its request's admission
+/// ticket, its event's bytes too, until the connection asks for the next event (it has taken
+/// this one): what a client that does not read makes the server hold is counted.
 pub fn sse(stream: ResponseStream) -> Response {
-    let events = futures_util::stream::unfold((stream, false), |(mut stream, done)| async move {
+    let start = (stream, false, crate::request::Charge::default());
+    let events = futures_util::stream::unfold(start, |(mut stream, done, held)| async move {
+        drop(held);
         if done {
             return None;
         }
         loop {
             let item = stream.recv().await?;
-            let (event, end) = match item {
+            let (event, end, mut charge) = match item {
                 Ok(it) if it.response.outputs.is_empty() => {
                     if it.last {
                         return None;
@@ -143,13 +159,18 @@ pub fn sse(stream: ResponseStream) -> Response {
                     continue;
                 }
                 Ok(it) => match reply_json(&it) {
-                    Ok(v) => (v, it.last),
-                    Err(e) => (json!({"error": e.message()}), true),
+                    Ok(v) => (v, it.last, it.charge),
+                    Err(e) => (json!({"error": e.message()}), true, it.charge),
                 },
-                Err(e) => (json!({"error": e.message()}), true),
+                Err(e) => (json!({"error": e.message()}), true, Default::default()),
             };
             let frame = Bytes::from(format!("data: {event}\n\n"));
-            return Some((Ok::<_, Infallible>(frame), (stream, end)));
+            drop(event);
+            if let Err(e) = charge.grow(frame.len() as u64) {
+                let refused = Bytes::from(format!("data: {}\n\n", json!({"error": e.message()})));
+                return Some((Ok::<_, Infallible>(refused), (stream, true, Default::default())));
+            }
+            return Some((Ok::<_, Infallible>(frame), (stream, end, charge)));
         }
     });
     Response::builder()

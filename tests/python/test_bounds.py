@@ -584,3 +584,51 @@ def test_two_sagemaker_loads_of_one_name_do_not_both_proceed(tmp_path):
             t.join()
         assert sorted(statuses) == [200, 409], statuses
         assert request(port(s), "GET", "/models/same")[0] == 200
+
+
+def rgba16_png(w, h):
+    """A real w x h 16-bit RGBA PNG, all zero: 8 bytes a pixel once decoded."""
+    chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    rows = zlib.compress(b"\0" * ((w * 8 + 1) * h), 9)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 16, 6, 0, 0, 0))
+            + chunk(b"IDAT", rows) + chunk(b"IEND", b""))
+
+
+def test_decoding_an_image_is_charged_before_it_is_decoded(tmp_path):
+    repo = str(tmp_path)
+    image_model(repo, "imagenet", {"preset": "imagenet"}, (3, 224, 224))
+    with Server(["--model-repository", repo, "--max-inflight-request-bytes=67108864"]) as s:
+        client = s.client()
+        before = peak_rss(s)
+        # 4,000 x 4,000 16-bit RGBA: 128 MB decoded from a 100 KB request, over a 64 MB budget.
+        with pytest.raises(InferenceServerException, match="--max-inflight-request-bytes"):
+            infer_image(client, "imagenet", rgba16_png(4000, 4000))
+        assert peak_rss(s) - before < 64 << 20
+        assert infer_image(client, "imagenet", rgba16_png(300, 200)).as_numpy("PIXELS").shape == (1, 3, 224, 224)
+        assert metric(s, "ferry_inflight_request_bytes") == 0
+
+
+def test_ids_of_length_zero_decode_to_empty_texts(tmp_path):
+    import shutil
+    from conftest import EXAMPLES
+    os.makedirs(tmp_path / "dec" / "1")
+    shutil.copy(os.path.join(EXAMPLES, "color_match_text", "1", "tokenizer.json"), tmp_path / "dec" / "1")
+    models.write(str(tmp_path / "dec" / "config.pbtxt"), """
+backend: "ferry_tokenizer"
+max_batch_size: 0
+parameters [ { key: "direction" value { string_value: "decode" } } ]
+input [ { name: "IDS" data_type: TYPE_INT64 dims: [ -1, -1 ] } ]
+output [ { name: "TEXT" data_type: TYPE_STRING dims: [ -1 ] } ]
+""")
+    with Server(["--model-repository", str(tmp_path), "--max-inflight-request-bytes=67108864"]) as s:
+        client = s.client()
+        ids = httpclient.InferInput("IDS", [5, 0], "INT64").set_data_from_numpy(np.zeros((5, 0), dtype=np.int64))
+        assert client.infer("dec", [ids]).as_numpy("TEXT").tolist() == [b""] * 5
+        # A billion empty texts from a request of no bytes: refused before they are made.
+        import http.client
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+        body = {"inputs": [{"name": "IDS", "shape": [1_000_000_000, 0], "datatype": "INT64", "data": []}]}
+        conn.request("POST", "/v2/models/dec/infer", body=json.dumps(body))
+        r = conn.getresponse()
+        assert r.status == 503 and "--max-inflight-request-bytes" in r.read().decode()
+        assert client.is_server_live()

@@ -25,7 +25,8 @@ output [ {{ name: "Y" data_type: TYPE_INT32 dims: [ 1 ] }} ]
 
 # X picks what execute does: 0 answers, 1 forks a helper that outlives the process and then the
 # process kills itself, 2 prints a byte that is not UTF-8 and a long line without a newline,
-# 3 never returns, 4 calls this model through BLS.
+# 3 never returns, 4 calls this model through BLS, 5 starts a helper in a session of its own
+# and then dies.
 MODEL = '''
 import os
 import signal
@@ -57,6 +58,12 @@ class TritonPythonModel:
             if x == 3:
                 while True:
                     time.sleep(1)
+            if x == 5:
+                import subprocess
+                helper = subprocess.Popen(["sleep", "600"], start_new_session=True)
+                with open(os.environ["FERRY_TEST_DIR"] + "/session", "w") as f:
+                    f.write(str(helper.pid))
+                os._exit(3)
             if x == 4:
                 req = pb_utils.InferenceRequest(model_name="procs",
                     requested_output_names=["Y"], inputs=[pb_utils.Tensor("X", np.array([0], dtype=np.int32))])
@@ -128,6 +135,28 @@ def test_a_death_behind_a_forked_helper_is_seen_and_the_helper_goes_with_it(proc
     # The dead process's regions went with it: what is left belongs to the new one.
     prefixes = {r.rsplit("-", 2)[0] for r in regions(s.proc.pid)}
     assert len(prefixes) == 1, regions(s.proc.pid)
+
+
+def test_a_helper_in_a_session_of_its_own_dies_with_its_process(procs):
+    s, tmp = procs
+    threads = lambda: len(os.listdir(f"/proc/{s.proc.pid}/task"))
+    assert infer(s, 0) == 100
+    before = threads()
+    for _ in range(3):
+        with pytest.raises(InferenceServerException, match="died"):
+            infer(s, 5)
+        helper = int((tmp / "session").read_text())
+        # It left the process group, so it was found as an orphan ferry adopted, and killed.
+        deadline = time.time() + 10
+        while alive(helper) and time.time() < deadline:
+            time.sleep(0.05)
+        assert not alive(helper)
+    assert infer(s, 0) == 100
+    # The threads that forwarded the dead processes' output ended (the helper held the pipes).
+    deadline = time.time() + 10
+    while threads() > before and time.time() < deadline:
+        time.sleep(0.1)
+    assert threads() <= before
 
 
 def test_bytes_that_are_not_text_and_endless_lines_do_not_stop_the_log(procs):

@@ -299,8 +299,9 @@ struct Prepared {
 }
 
 impl ImageInstance {
-    /// One image, to its pixels after every step, and the box mapping.
-    fn pixels(&self, encoded: &[u8]) -> std::result::Result<(Pixels, [f32; 4]), String> {
+    /// One image, to its pixels after every step, and the box mapping. `before` is told what
+    /// decoding it will take, from its header.
+    fn pixels(&self, encoded: &[u8], before: ops::Before<'_>) -> std::result::Result<(Pixels, [f32; 4]), String> {
         let s = &self.steps;
         let decoded;
         let base64 = match s.encoding {
@@ -333,7 +334,7 @@ impl ImageInstance {
         } else {
             encoded
         };
-        let p = ops::decode(bytes, s.color, s.max_pixels)?;
+        let p = ops::decode(bytes, s.color, s.max_pixels, before)?;
         let (w, h) = (p.width, p.height);
         let how = Resample { filter: s.filter, antialias: s.antialias, max_pixels: s.max_pixels };
         if s.resize != Resize::None && u64::from(w.max(h)) > u64::from(w.min(h)) * u64::from(s.max_aspect) {
@@ -397,7 +398,17 @@ impl ImageInstance {
 
     /// One image, to its tensor bytes (charged to the request first), box mapping and size.
     fn one(&self, encoded: &[u8], ctx: &Context) -> Result<Prepared> {
-        let (p, map) = self.pixels(encoded).map_err(Error::invalid)?;
+        // What decoding takes is held against the request's ticket while the image is worked on;
+        // a refusal is the admission error (503), not a bad image.
+        let (mut working, mut refused) = (ctx.hold(0)?, None);
+        let outcome = self.pixels(encoded, &mut |n| {
+            working.grow(n).map_err(|e| {
+                let why = e.message().to_string();
+                refused = Some(e);
+                why
+            })
+        });
+        let (p, map) = outcome.map_err(|e| refused.take().unwrap_or_else(|| Error::invalid(e)))?;
         ctx.charge((p.data.len() * (self.values[0].len() / 256)) as u64)?;
         let mut bytes = Vec::new();
         self.tensor_bytes(&p, &mut bytes);

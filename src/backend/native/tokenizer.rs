@@ -216,13 +216,20 @@ impl TokenizerInstance {
     ) -> Result<Vec<Tensor>> {
         let input = inputs.first().ok_or_else(|| Error::invalid("no ids input"))?;
         let ids = ids_of(input)?;
-        // Each id decodes to at most the vocabulary's longest token (and a space).
-        ctx.charge((ids.len() as u64).saturating_mul(longest as u64 + 1))?;
+        // One text per row: the shape without its last dim (ids of length 0 make empty texts).
+        let lead = &input.shape[..input.shape.len().saturating_sub(1)];
+        let texts = crate::tensor::element_count(lead).unwrap_or(usize::MAX);
+        // Each id decodes to at most the vocabulary's longest token (and a space); each text
+        // costs its row, its string and its length prefix (64 bytes at most).
+        let most =
+            (ids.len() as u64).saturating_mul(longest as u64 + 1).saturating_add((texts as u64).saturating_mul(64));
+        ctx.charge(most)?;
         let len = match input.shape.last() {
             Some(&l) if l > 0 => l as usize,
-            _ => 1,
+            Some(_) => 0,
+            None => ids.len(),
         };
-        let rows: Vec<&[u32]> = ids.chunks(len).collect();
+        let rows: Vec<&[u32]> = if len == 0 { vec![&[][..]; texts] } else { ids.chunks(len).collect() };
         let text = self
             .tokenizer
             .decode_batch(&rows, skip)

@@ -57,6 +57,8 @@ pub struct Process {
     stderr_tail: Arc<Mutex<VecDeque<String>>>,
     /// What its shared-memory regions (and ferry's for it) are named after.
     pub prefix: String,
+    /// Ends the threads that forward its output (a helper it started may hold the pipes open).
+    forwarding: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// `n` bytes, read into a buffer that grows as they arrive (a peer announcing gigabytes and
@@ -79,21 +81,46 @@ pub fn read_message(r: &mut impl Read) -> std::io::Result<Message> {
     let msg: Value = serde_json::from_slice(&read_exact(r, n as usize)?).map_err(std::io::Error::other)?;
     let count = u32::from_le_bytes(read_exact(r, 4)?.try_into().unwrap_or_default());
     let mut blobs = Vec::with_capacity(count.min(1024) as usize);
+    let mut total = n;
     for _ in 0..count {
         let len = u64::from_le_bytes(read_exact(r, 8)?.try_into().unwrap_or_default());
-        if len > MAX_MESSAGE {
-            return Err(std::io::Error::other(format!("a blob of {len} bytes")));
+        total = total.saturating_add(len);
+        if total > MAX_MESSAGE {
+            return Err(std::io::Error::other(format!("a message of more than {MAX_MESSAGE} bytes")));
         }
         blobs.push(read_exact(r, len as usize)?);
     }
     Ok((msg, blobs))
 }
 
+/// Whether `fd` has something to read (data, its end, an error), waiting for it; false once
+/// `stop` is set while nothing comes.
+fn readable(fd: std::os::fd::RawFd, stop: &std::sync::atomic::AtomicBool) -> bool {
+    loop {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: poll(2) on one pollfd we own, for at most half a second.
+        let n = unsafe { libc::poll(&mut p, 1, 500) };
+        if n != 0 && !(n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted) {
+            return true;
+        }
+        if stop.load(std::sync::atomic::Ordering::Acquire) {
+            return false;
+        }
+    }
+}
+
 /// Forwards what a process writes, line by line, to ferry's log: bytes, not text (a byte that is
 /// not UTF-8 is shown replaced, and never stops the forwarding, which would make the process's
-/// next write fail), lines cut at [`MAX_LINE`].
-fn forward_lines(stream: impl Read + Send + 'static, model: String, tail: Option<Arc<Mutex<VecDeque<String>>>>) {
+/// next write fail), lines cut at [`MAX_LINE`]. Ends at the pipe's end, or once `stop` is set
+/// and nothing more comes.
+fn forward_lines(
+    stream: impl Read + std::os::fd::AsRawFd + Send + 'static,
+    model: String,
+    tail: Option<Arc<Mutex<VecDeque<String>>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
     std::thread::spawn(move || {
+        let fd = stream.as_raw_fd();
         let mut r = BufReader::new(stream);
         let mut line = Vec::new();
         let emit = |line: &[u8]| {
@@ -108,6 +135,9 @@ fn forward_lines(stream: impl Read + Send + 'static, model: String, tail: Option
             }
         };
         loop {
+            if r.buffer().is_empty() && !readable(fd, &stop) {
+                break;
+            }
             let buf = match r.fill_buf() {
                 Ok([]) => break,
                 Ok(b) => b,
@@ -169,19 +199,22 @@ impl Process {
             .spawn()
             .map_err(|e| Error::unavailable(format!("cannot start '{}' for model '{model}': {e}", python.display())))?;
         super::live::started(child.id(), &prefix);
+        let tail = Arc::new(Mutex::new(VecDeque::new()));
+        let forwarding = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        if let Some(out) = child.stdout.take() {
+            forward_lines(out, model.to_string(), None, Arc::clone(&forwarding));
+        }
+        if let Some(err) = child.stderr.take() {
+            forward_lines(err, model.to_string(), Some(Arc::clone(&tail)), Arc::clone(&forwarding));
+        }
         // Until it connects, a failure kills and reaps it (no zombie, no orphaned helper).
         let abandon = |child: &mut Child| {
             super::live::release(child.id(), &prefix);
             let _ = child.kill();
             let _ = child.wait();
+            super::live::forget(child.id());
+            forwarding.store(true, std::sync::atomic::Ordering::Release);
         };
-        let tail = Arc::new(Mutex::new(VecDeque::new()));
-        if let Some(out) = child.stdout.take() {
-            forward_lines(out, model.to_string(), None);
-        }
-        if let Some(err) = child.stderr.take() {
-            forward_lines(err, model.to_string(), Some(Arc::clone(&tail)));
-        }
         let started = Instant::now();
         let stream = loop {
             match listener.accept() {
@@ -192,8 +225,11 @@ impl Process {
                     return Err(Error::internal(format!("python process for model '{model}': {e}")));
                 }
             }
-            if let Ok(Some(status)) = child.try_wait() {
+            if super::live::exited(child.id()) {
                 super::live::release(child.id(), &prefix);
+                let status = child.wait().map_or("an unknown status".into(), |s| s.to_string());
+                super::live::forget(child.id());
+                forwarding.store(true, std::sync::atomic::Ordering::Release);
                 std::thread::sleep(Duration::from_millis(50));
                 let why = tail.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect::<Vec<_>>().join("\n");
                 return Err(Error::unavailable(format!(
@@ -214,14 +250,15 @@ impl Process {
         let process = |stream: UnixStream| -> std::io::Result<Process> {
             stream.set_nonblocking(false)?;
             let writer = Writer(Arc::new(Mutex::new(stream.try_clone()?)));
-            Ok(Process { child, reader: stream, writer, stderr_tail: tail, prefix })
+            Ok(Process { child, reader: stream, writer, stderr_tail: tail, prefix, forwarding })
         };
         process(stream).map_err(|e| Error::internal(e.to_string()))
     }
 
     /// Whether the process itself has ended (its socket may live on in a helper it forked).
-    pub fn exited(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(Some(_)))
+    /// It is not reaped here (WNOWAIT): until `death` or drop, its pid stays its own.
+    pub fn exited(&self) -> bool {
+        super::live::exited(self.child.id())
     }
 
     pub fn set_timeout(&self, t: Option<Duration>) {
@@ -243,13 +280,10 @@ impl Process {
     /// Why the process is gone, once it is: its exit status, and its last stderr lines (for
     /// the log only: they may hold paths or secrets).
     pub fn death(&mut self) -> (String, String) {
-        let status = match self.child.try_wait() {
-            Ok(Some(s)) => s.to_string(),
-            _ => {
-                super::live::release(self.child.id(), &self.prefix);
-                self.child.wait().map_or("killed".into(), |s| s.to_string())
-            }
-        };
+        // What it started goes first, while its pid is still its own (it is not reaped yet).
+        super::live::release(self.child.id(), &self.prefix);
+        let status = self.child.wait().map_or("killed".into(), |s| s.to_string());
+        super::live::forget(self.child.id());
         let tail = self.stderr_tail.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect::<Vec<_>>();
         (status, tail.join(" | "))
     }
@@ -266,6 +300,8 @@ impl Drop for Process {
         super::live::release(self.child.id(), &self.prefix);
         let _ = self.child.kill();
         let _ = self.child.wait();
+        super::live::forget(self.child.id());
         let _ = self.reader.shutdown(std::net::Shutdown::Both);
+        self.forwarding.store(true, std::sync::atomic::Ordering::Release);
     }
 }

@@ -18,7 +18,7 @@ use crate::{
         health::{HealthCheckRequest, HealthCheckResponse, health_check_response::ServingStatus, health_server},
         inference::{self as pb, grpc_inference_service_server as service},
     },
-    request::parse_version,
+    request::{Charge, parse_version},
 };
 
 mod admin;
@@ -87,13 +87,7 @@ impl Grpc {
     /// A decoupled model's request on the stream: each of its responses is a stream message,
     /// `triton_final_response` marking the last (an empty last one is sent only when the request
     /// asked with `triton_enable_empty_final_response`).
-    async fn stream_decoupled(
-        &self,
-        req: pb::ModelInferRequest,
-        meta: Meta,
-        grpc_errors: bool,
-        tx: &mpsc::Sender<Result<pb::ModelStreamInferResponse, Status>>,
-    ) {
+    async fn stream_decoupled(&self, req: pb::ModelInferRequest, meta: Meta, grpc_errors: bool, tx: &StreamSender) {
         let failed = failed_reply(&req);
         let empty_final = matches!(
             req.parameters.get("triton_enable_empty_final_response").and_then(|p| p.parameter_choice.as_ref()),
@@ -117,22 +111,24 @@ impl Grpc {
         let mut responses = match request {
             Ok(r) => match self.engine.infer_stream(r).await {
                 Ok(rx) => rx,
-                Err(e) => return drop(tx.send(error(e)).await),
+                Err(e) => return drop(tx.send((error(e), Charge::default())).await),
             },
-            Err(e) => return drop(tx.send(error(e)).await),
+            Err(e) => return drop(tx.send((error(e), Charge::default())).await),
         };
         while let Some(item) = responses.recv().await {
-            let msg = match item {
+            // The response stays charged until the connection takes its message.
+            let (msg, charge) = match item {
                 Ok(it) if it.last && it.response.outputs.is_empty() && !empty_final => continue,
                 Ok(it) => {
                     let mut resp = convert::response(it.response);
                     let (k, v) = convert::final_param(it.last);
                     resp.parameters.insert(k, v);
-                    Ok(pb::ModelStreamInferResponse { error_message: String::new(), infer_response: Some(resp) })
+                    let msg = pb::ModelStreamInferResponse { error_message: String::new(), infer_response: Some(resp) };
+                    (Ok(msg), it.charge)
                 }
-                Err(e) => error(e),
+                Err(e) => (error(e), Charge::default()),
             };
-            if tx.send(msg).await.is_err() {
+            if tx.send((msg, charge)).await.is_err() {
                 return;
             }
         }
@@ -179,6 +175,8 @@ impl Grpc {
 }
 
 type InferStream = Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
+/// A `ModelStreamInfer` stream's messages on their way out, each with what it holds charged.
+type StreamSender = mpsc::Sender<(Result<pb::ModelStreamInferResponse, Status>, Charge)>;
 
 #[tonic::async_trait]
 impl service::GrpcInferenceService for Grpc {
@@ -251,7 +249,7 @@ impl service::GrpcInferenceService for Grpc {
             r.metadata().get("triton_grpc_error").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
         let stream_ticket = r.extensions().get::<RequestTicket>().map(|t| Arc::clone(&t.0));
         let mut inbound = r.into_inner();
-        let (tx, rx) = mpsc::channel::<Result<pb::ModelStreamInferResponse, Status>>(self.stream_inflight);
+        let (tx, rx) = mpsc::channel(self.stream_inflight);
         let slots = Arc::new(tokio::sync::Semaphore::new(self.stream_inflight));
         let this = self.clone();
         tokio::spawn(async move {
@@ -265,7 +263,7 @@ impl service::GrpcInferenceService for Grpc {
                     None => break,
                     Some(Ok(req)) => req,
                     Some(Err(status)) => {
-                        let _ = tx.send(Err(status)).await;
+                        let _ = tx.send((Err(status), Charge::default())).await;
                         break;
                     }
                 };
@@ -299,11 +297,13 @@ impl service::GrpcInferenceService for Grpc {
                             infer_response: Some(failed),
                         }),
                     };
-                    let _ = tx.send(item).await;
+                    let _ = tx.send((item, Charge::default())).await;
                 });
             }
         });
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx)) as InferStream))
+        // A message's charge ends when tonic takes it to encode and send.
+        let messages = ReceiverStream::new(rx).map(|(msg, _charge): (_, Charge)| msg);
+        Ok(Response::new(Box::pin(messages) as InferStream))
     }
 
     async fn model_config(&self, r: Request<pb::ModelConfigRequest>) -> Reply<pb::ModelConfigResponse> {

@@ -46,9 +46,13 @@ fn jpeg_complete(bytes: &[u8]) -> bool {
     !bytes[end..].windows(2).any(marker(0xDA)) && bytes[..end].windows(2).any(marker(0xDA))
 }
 
+/// What decoding may cost, told to the caller from the header before any pixel is decoded (the
+/// bytes the decoder and the conversions to 8-bit RGB will hold); an error stops the decode.
+pub type Before<'a> = &'a mut dyn FnMut(u64) -> Result<(), String>;
+
 /// Decodes an encoded image into RGB or gray pixels. `max_pixels` is checked on the header.
-pub fn decode(bytes: &[u8], color: Color, max_pixels: u64) -> Result<Pixels, String> {
-    let rgb = super::super::contain_panic("image", || decode_rgb(bytes, max_pixels))?;
+pub fn decode(bytes: &[u8], color: Color, max_pixels: u64, before: Before<'_>) -> Result<Pixels, String> {
+    let rgb = super::super::contain_panic("image", || decode_rgb(bytes, max_pixels, before))?;
     let (width, height) = rgb.dimensions();
     let mut data = rgb.into_raw();
     match color {
@@ -69,7 +73,7 @@ pub fn decode(bytes: &[u8], color: Color, max_pixels: u64) -> Result<Pixels, Str
 
 /// The image crate's part (third-party code on untrusted bytes): the format, the pixel limit
 /// read from the header, the EXIF orientation, RGB pixels.
-fn decode_rgb(bytes: &[u8], max_pixels: u64) -> Result<image::RgbImage, String> {
+fn decode_rgb(bytes: &[u8], max_pixels: u64, before: Before<'_>) -> Result<image::RgbImage, String> {
     let reader = ImageReader::new(Cursor::new(bytes))
         .with_guessed_format()
         .map_err(|e| format!("cannot read the image: {e}"))?;
@@ -89,6 +93,10 @@ fn decode_rgb(bytes: &[u8], max_pixels: u64) -> Result<image::RgbImage, String> 
     if u64::from(w) * u64::from(h) > max_pixels {
         return Err(format!("the image is {w}x{h} pixels, over the limit of {max_pixels} (parameter 'max_pixels')"));
     }
+    // The decoded samples, the 8-bit RGB copy, and what one more copy (a rotation, a colour
+    // conversion) takes.
+    let pixels = u64::from(w) * u64::from(h);
+    before(pixels * (decoder.color_type().bytes_per_pixel() as u64 + 6))?;
     let orientation = decoder.orientation().map_err(|e| format!("cannot read the image's orientation: {e}"))?;
     let mut img = DynamicImage::from_decoder(decoder).map_err(|e| format!("cannot decode the image: {e}"))?;
     img.apply_orientation(orientation);
@@ -535,14 +543,24 @@ mod tests {
 
     #[test]
     fn decoding_refuses_junk_and_bombs_before_decoding() {
-        assert!(decode(b"definitely not an image", Color::Rgb, 1 << 20).unwrap_err().contains("not an image"));
+        let free = &mut |_| Ok(());
+        assert!(decode(b"definitely not an image", Color::Rgb, 1 << 20, free).unwrap_err().contains("not an image"));
         let mut png = Vec::new();
         image::RgbImage::new(300, 200).write_to(&mut Cursor::new(&mut png), image::ImageFormat::Png).unwrap();
-        let e = decode(&png, Color::Rgb, 50_000).unwrap_err();
+        let e = decode(&png, Color::Rgb, 50_000, free).unwrap_err();
         assert!(e.contains("300x200 pixels, over the limit of 50000"), "{e}");
-        let gray = decode(&png, Color::Gray, 1 << 20).unwrap();
+        let gray = decode(&png, Color::Gray, 1 << 20, free).unwrap();
         assert_eq!((gray.width, gray.height, gray.channels, gray.data.len()), (300, 200, 1, 60_000));
-        assert!(decode(&png[..png.len() / 2], Color::Rgb, 1 << 20).is_err(), "a truncated image");
+        assert!(decode(&png[..png.len() / 2], Color::Rgb, 1 << 20, free).is_err(), "a truncated image");
+        let mut told = 0;
+        decode(&png, Color::Rgb, 1 << 20, &mut |n| {
+            told = n;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(told, 300 * 200 * (3 + 6), "the cost is told from the header");
+        let refused = decode(&png, Color::Rgb, 1 << 20, &mut |_| Err("over the budget".into())).unwrap_err();
+        assert_eq!(refused, "over the budget");
     }
 
     #[test]

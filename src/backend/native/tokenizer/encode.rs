@@ -14,8 +14,9 @@ use crate::{
 };
 
 /// What encoding costs in memory per byte of text, at its peak (the library keeps an alignment
-/// per byte of normalised text and a token string, offsets and ids per token): measured at 60-80.
-pub const WORK_PER_BYTE: u64 = 80;
+/// per byte of normalised text and a token string, offsets and ids per token): measured at 60-80
+/// for words, up to 360 where every byte or two is a token of its own (".a.a.a").
+pub const WORK_PER_BYTE: u64 = 400;
 
 /// Bytes of text kept, at first, per token `max_length` keeps (doubled while not enough).
 const BYTES_PER_TOKEN: usize = 32;
@@ -82,7 +83,7 @@ impl Encode {
             if head.len() == text.len() {
                 return Ok(text);
             }
-            ctx.charge(head.len() as u64 * WORK_PER_BYTE)?;
+            let _work = ctx.hold(head.len() as u64 * WORK_PER_BYTE)?;
             // Counted whole: the library's truncation drops what it cuts off.
             let truncation = tok.get_truncation().cloned();
             tok.with_truncation(None).map_err(|e| Error::internal(e.to_string()))?;
@@ -117,7 +118,7 @@ impl Encode {
                 None => first.into(),
             });
         }
-        ctx.charge(bytes.saturating_mul(WORK_PER_BYTE))?;
+        let work = ctx.hold(bytes.saturating_mul(WORK_PER_BYTE))?;
         let encodings = tok
             .encode_batch_fast(batch, self.add_special_tokens)
             .map_err(|e| Error::invalid(format!("tokenizing failed: {e}")))?;
@@ -151,6 +152,7 @@ impl Encode {
             let data = padded(&encodings, len, (pad, self.pad.left), get, size);
             out.push(Tensor { name: name.clone(), datatype: *t, shape: shape.clone(), data });
         }
+        drop((encodings, work));
         Ok(out)
     }
 }
