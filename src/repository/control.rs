@@ -368,6 +368,8 @@ pub(super) fn say_held(model: &str, plan: &Plan) {
 }
 
 /// Writes load-request files into a fresh folder `<temp>/<name>/`; every path must stay inside.
+/// A path may start with one `/` (`file:/1/model.py`, as Triton's own clients send it): it is
+/// relative to the model folder all the same.
 fn write_inline(name: &str, files: &[(String, Vec<u8>)]) -> Result<tempfile::TempDir> {
     let temp = tempfile::Builder::new()
         .prefix("ferry-load-")
@@ -375,7 +377,7 @@ fn write_inline(name: &str, files: &[(String, Vec<u8>)]) -> Result<tempfile::Tem
         .map_err(|e| Error::internal(format!("cannot create a folder for the model files: {e}")))?;
     let dir = temp.path().join(name);
     for (rel, content) in files {
-        let path = crate::names::relative_path(rel)
+        let path = crate::names::relative_path(rel.strip_prefix('/').unwrap_or(rel))
             .map_err(|e| Error::invalid(format!("failed to load '{name}': file override 'file:{rel}': {e}")))?;
         let target = dir.join(path);
         if let Some(parent) = target.parent() {
@@ -394,9 +396,12 @@ mod tests {
     fn inline_files_stay_inside_the_model_folder() {
         let ok = write_inline("m", &[("1/model.onnx".into(), vec![1, 2])]).unwrap();
         assert_eq!(std::fs::read(ok.path().join("m/1/model.onnx")).unwrap(), vec![1, 2]);
-        for bad in ["../x", "/etc/passwd", "1/../../x", ""] {
+        for bad in ["../x", "//etc/passwd", "/../x", "1/../../x", "", "/"] {
             let e = write_inline("m", &[(bad.into(), vec![])]).unwrap_err();
             assert!(e.message().contains("file override"), "{bad}: {e}");
         }
+        // One leading slash: still inside the model folder.
+        let slash = write_inline("m", &[("/1/model.py".into(), vec![3])]).unwrap();
+        assert_eq!(std::fs::read(slash.path().join("m/1/model.py")).unwrap(), vec![3]);
     }
 }

@@ -85,6 +85,8 @@ pub(crate) struct Launch {
     pub execute_timeout: Option<Duration>,
     /// The model runs one instance in all.
     single_instance: bool,
+    /// Each instance's name, as Triton forms it: `<group name>_<index in the group>`.
+    instance_names: Vec<String>,
     host: HostSlot,
     runtime: tokio::runtime::Handle,
     restarts: Arc<AtomicU64>,
@@ -101,7 +103,7 @@ impl Launch {
         let args = json!({
             "model_config": self.config_json,
             "model_instance_kind": kind,
-            "model_instance_name": format!("{}_{index}", self.model),
+            "model_instance_name": self.instance_names.get(index).cloned().unwrap_or_else(|| format!("{}_{index}", self.model)),
             "model_instance_device_id": device_id.to_string(),
             "model_repository": self.model_dir.display().to_string(),
             "model_version": self.version,
@@ -171,6 +173,19 @@ fn execute_timeout(config: &ModelConfig) -> Result<Option<Duration>> {
     }
 }
 
+/// The instances' names in the order the loader makes them (group by group, each GPU of a
+/// KIND_GPU group in turn): `<group name>_<k>`, k counting within the group, as Triton's.
+fn instance_names(config: &ModelConfig) -> Vec<String> {
+    let kind_gpu = crate::proto::inference::model_instance_group::Kind::Gpu as i32;
+    let mut names = Vec::new();
+    for g in &config.instance_group {
+        let devices = if g.kind == kind_gpu { g.gpus.len().max(1) } else { 1 };
+        let n = g.count.max(0) as usize * devices;
+        names.extend((0..n).map(|k| format!("{}_{k}", g.name)));
+    }
+    names
+}
+
 /// How many instances the config runs (KIND_GPU groups once per GPU listed).
 fn instances(config: &ModelConfig) -> i64 {
     let kind_gpu = crate::proto::inference::model_instance_group::Kind::Gpu as i32;
@@ -237,6 +252,7 @@ impl PythonBackend {
             timeout: self.settings.stub_timeout,
             execute_timeout: execute_timeout(config)?.or(self.settings.execute_timeout),
             single_instance: instances(config) == 1,
+            instance_names: instance_names(config),
             host: Arc::clone(&self.host),
             runtime: self.runtime.clone(),
             restarts: Arc::clone(&self.restarts),

@@ -7,7 +7,11 @@ import threading
 
 import numpy as np
 
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
 TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+TRITONSERVER_REQUEST_RELEASE_ALL = 1
+TRITONSERVER_REQUEST_RELEASE_RESCHEDULE = 2
 
 _NP = {
     "BOOL": np.bool_, "UINT8": np.uint8, "UINT16": np.uint16, "UINT32": np.uint32, "UINT64": np.uint64,
@@ -15,6 +19,12 @@ _NP = {
     "FP16": np.float16, "FP32": np.float32, "FP64": np.float64, "BYTES": np.object_,
 }
 _CHANNEL = None  # set by the stub: sends messages to ferry and waits for replies
+
+TRITON_STRING_TO_NUMPY = {("TYPE_STRING" if k == "BYTES" else "TYPE_" + k): (bool if k == "BOOL" else v)
+                          for k, v in _NP.items()}
+# TRITONSERVER_DataType's values, as Triton's numpy_to_triton_type and Tensor.triton_dtype give them.
+_CODES = ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64",
+          "BYTES"]
 
 
 def triton_string_to_numpy(triton_type):
@@ -27,7 +37,8 @@ def triton_string_to_numpy(triton_type):
 _BY_DTYPE = {np.dtype(v): k for k, v in _NP.items() if v is not np.object_}
 
 
-def numpy_to_triton_type(dtype):
+def _wire_type(dtype):
+    """The protocol's name of a numpy dtype (FP32, BYTES, ...)."""
     dtype = np.dtype(dtype)
     found = _BY_DTYPE.get(dtype)
     if found is not None:
@@ -35,6 +46,28 @@ def numpy_to_triton_type(dtype):
     if dtype.kind in ("O", "S", "U"):
         return "BYTES"
     raise TritonModelException(f"numpy dtype {dtype} has no Triton datatype")
+
+
+def numpy_to_triton_type(data_type):
+    """TRITONSERVER_DataType's value of a numpy type (1 BOOL ... 11 FP32, 12 FP64, 13 BYTES), or
+    None, as Triton's."""
+    try:
+        return _CODES.index(_wire_type(data_type)) + 1
+    except (TritonModelException, TypeError):
+        return None
+
+
+def triton_to_numpy_type(data_type):
+    """The numpy type of a TRITONSERVER_DataType value, or None."""
+    if isinstance(data_type, int) and 1 <= data_type <= len(_CODES):
+        return _NP[_CODES[data_type - 1]]
+    return None
+
+
+def using_decoupled_model_transaction_policy(model_config):
+    """Whether the model (its config, as a dict) is decoupled."""
+    policy = model_config.get("model_transaction_policy") or {}
+    return bool(policy.get("decoupled", False))
 
 
 def serialize_byte_tensor(array):
@@ -102,6 +135,9 @@ class Tensor:
 
     def triton_dtype(self):
         return numpy_to_triton_type(self._array.dtype)
+
+    def data_type(self):
+        return _wire_type(self._array.dtype)
 
     def shape(self):
         return list(self._array.shape)
@@ -175,13 +211,21 @@ class InferenceRequest:
         self._handle = None  # set by the stub for a request of a decoupled model
 
     @classmethod
-    def _from_ferry(cls, inputs, outputs, request_id, parameters, handle):
-        """A request of the batch ferry hands to execute()."""
+    def _from_ferry(cls, inputs, outputs, request_id, parameters, handle, sequence=(0, 0), model=("", -1)):
+        """A request of the batch ferry hands to execute(): `sequence` is its correlation id and
+        START/END flags, `model` the model's name and version."""
         r = cls.__new__(cls)
-        r._model_name, r._version, r._timeout = "", -1, 0
+        (r._model_name, r._version), r._timeout = model, 0
         r._outputs, r._inputs, r._parameters = outputs, inputs, parameters
-        r._id, r._correlation_id, r._flags, r._handle = request_id, 0, 0, handle
+        r._id, (r._correlation_id, r._flags), r._handle = request_id, sequence, handle
+        r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return r
+
+    def set_release_flags(self, flags):
+        """TRITONSERVER_REQUEST_RELEASE_RESCHEDULE: run the request again (iterative models)."""
+        if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
+            raise TritonModelException(f"unknown release flags {flags!r}")
+        self._release_flags = flags
 
     def inputs(self):
         return self._inputs
@@ -256,8 +300,14 @@ class InferenceResponseSender:
 
 
 class Logger:
+    # Triton's pb_utils.Logger levels (LogLevel); what ferry's log shows them as.
+    INFO, WARNING, ERROR, VERBOSE = "INFO", "WARN", "ERROR", "VERBOSE"
+
     @staticmethod
-    def log(message, level="INFO"):
+    def log(message, level=INFO):
+        level = {"WARNING": "WARN"}.get(str(level), str(level))
+        if level not in ("INFO", "WARN", "ERROR", "VERBOSE"):
+            raise TritonModelException(f"unknown log level {level!r}: use pb_utils.Logger.INFO, WARNING, ERROR or VERBOSE")
         _CHANNEL.log(level, str(message))
 
     @staticmethod

@@ -4,6 +4,7 @@ region ferry writes, outputs in one this process owns). BLS calls and log lines 
 over the same socket. Runs on any Python >= 3.9 with numpy."""
 import asyncio
 import collections
+import importlib.machinery
 import importlib.util
 import inspect
 import json
@@ -186,7 +187,7 @@ def tensor_bytes(t):
     if array.dtype == np.object_ or array.dtype.kind in ("S", "U"):
         return "BYTES", pb_utils.serialize_byte_tensor(array)
     array = np.ascontiguousarray(array).reshape(-1)
-    return pb_utils.numpy_to_triton_type(array.dtype), memoryview(array).cast("B")
+    return pb_utils._wire_type(array.dtype), memoryview(array).cast("B")
 
 
 NUMPY = {k: np.dtype(v) for k, v in pb_utils._NP.items() if k != "BYTES"}
@@ -210,6 +211,15 @@ def params_json(response):
 
 def params_text(params):
     return json.dumps(params) if params else "{}"
+
+
+def sequence_of(params):
+    """A request's correlation id and flags (START 1, END 2), from its sequence parameters."""
+    if not params or "sequence_id" not in params:
+        return 0, 0
+    flags = (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START if params.get("sequence_start") else 0) | \
+            (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END if params.get("sequence_end") else 0)
+    return params["sequence_id"], flags
 
 
 def tensor_from(name, datatype, shape, buf):
@@ -271,11 +281,21 @@ class Stub:
         # ferry names this process's regions (unguessable, removed by ferry when it ends).
         self.outputs = OutputRegion(f"{sys.argv[2]}-out" if len(sys.argv) > 2 else f"ferry-py-{os.getpid()}")
         self.loop = None
+        self.identity = ("", -1)
 
     def load_module(self, path):
-        sys.path.insert(0, os.path.dirname(path))
-        spec = importlib.util.spec_from_file_location("ferry_user_model", path)
+        """model.py as Triton loads it: its folder on sys.path (`import sibling`) and the module
+        inside a package of that folder (`from . import sibling`)."""
+        folder = os.path.dirname(os.path.abspath(path))
+        sys.path.insert(0, folder)
+        package = "ferry_model"
+        holder = importlib.util.module_from_spec(importlib.machinery.ModuleSpec(package, None, is_package=True))
+        holder.__path__ = [folder]
+        sys.modules[package] = holder
+        name = f"{package}.{os.path.splitext(os.path.basename(path))[0]}"
+        spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
         spec.loader.exec_module(module)
         return module
 
@@ -287,6 +307,8 @@ class Stub:
         return {"config": config.as_dict()}
 
     def initialize(self, msg):
+        args = msg["args"]
+        self.identity = (args.get("model_name", ""), int(args.get("model_version") or -1))
         self.model = self.load_module(msg["model_path"]).TritonPythonModel()
         if hasattr(self.model, "initialize"):
             self.model.initialize(msg["args"])
@@ -316,7 +338,8 @@ class Stub:
                     tensors.append(tensor_from(name, datatype, shape, memoryview(area)[offset:offset + size]))
                 else:
                     tensors.append(pb_utils.Tensor._wrap(name, frombuffer(area, dtype, size // dtype.itemsize, offset).reshape(shape)))
-            requests.append(pb_utils.InferenceRequest._from_ferry(tensors, outputs, rid, params_text(params), handle))
+            requests.append(pb_utils.InferenceRequest._from_ferry(
+                tensors, outputs, rid, params_text(params), handle, sequence_of(params), self.identity))
         responses = self.model.execute(requests)
         if inspect.iscoroutine(responses):
             if self.loop is None:

@@ -48,7 +48,8 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
         return Err(format!("max_batch_size must be >= 0, got {}", cfg.max_batch_size));
     }
     let batching = cfg.max_batch_size > 0;
-    if cfg.input.is_empty() || cfg.output.is_empty() {
+    // A Python model may take nothing (a generator) or give nothing (a BLS driver), as in Triton.
+    if (cfg.input.is_empty() || cfg.output.is_empty()) && cfg.backend != "python" {
         return Err(format!(
             "model '{}' must list at least one input and one output (or leave them to auto-complete)",
             cfg.name

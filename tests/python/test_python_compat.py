@@ -1,0 +1,197 @@
+"""Python models written for Triton, as Triton runs them: `pb_utils` names and values, the
+`initialize` arguments, sequence ids and flags on requests, configs without inputs or outputs,
+models split over files that import each other, and the load API's file overrides as Triton's own
+clients send them."""
+import json
+import os
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+
+import models
+from ferry_server import Server
+
+# Checks pb_utils against Triton's values in initialize (a mismatch fails the load, naming it),
+# and answers with what it was given.
+NAMES = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+EXPECTED = [
+    (pb_utils.numpy_to_triton_type(np.float32), 11), (pb_utils.numpy_to_triton_type(np.bool_), 1),
+    (pb_utils.numpy_to_triton_type(np.object_), 13), (pb_utils.numpy_to_triton_type(np.bytes_), 13),
+    (pb_utils.triton_to_numpy_type(8), np.int32), (pb_utils.triton_to_numpy_type(13), np.object_),
+    (pb_utils.TRITON_STRING_TO_NUMPY["TYPE_FP16"], np.float16), (pb_utils.triton_string_to_numpy("TYPE_STRING"), np.object_),
+    (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_START, 1), (pb_utils.TRITONSERVER_REQUEST_FLAG_SEQUENCE_END, 2),
+    (pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL, 1), (pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL, 1),
+    (pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE, 2),
+    (pb_utils.Tensor("x", np.zeros(2, np.float32)).triton_dtype(), 11),
+    (pb_utils.using_decoupled_model_transaction_policy({"model_transaction_policy": {"decoupled": True}}), True),
+    (pb_utils.using_decoupled_model_transaction_policy({}), False),
+]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        for i, (got, want) in enumerate(EXPECTED):
+            if got != want:
+                raise pb_utils.TritonModelException(f"check {i}: got {got!r}, want {want!r}")
+        self.args = {k: v for k, v in args.items() if k != "model_config"}
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(json.loads(args["model_config"]))
+        for level in (pb_utils.Logger.INFO, pb_utils.Logger.WARNING, pb_utils.Logger.ERROR, pb_utils.Logger.VERBOSE):
+            pb_utils.Logger.log(f"level {level} works", level)
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            seen = dict(self.args, correlation_id=r.correlation_id(), flags=r.flags(), model=r.model_name(),
+                        decoupled=self.decoupled)
+            text = np.array([json.dumps(seen).encode()], dtype=np.object_)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", text)]))
+        return out
+'''
+
+IO = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+SEQUENCE = IO.replace('max_batch_size: 0', 'max_batch_size: 1') + """
+sequence_batching {
+  control_input [ { name: "START" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] } ]
+}
+"""
+
+
+def seen(client, model, lib=httpclient, **kw):
+    shape = [1, 1] if "sequence_id" in kw else [1]
+    x = lib.InferInput("IN", shape, "INT32").set_data_from_numpy(np.zeros(shape, dtype=np.int32))
+    return json.loads(client.infer(model, [x], **kw).as_numpy("OUT").reshape(-1)[0])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    repo = str(tmp_path_factory.mktemp("compat"))
+    models.python_model(repo, "init_args", NAMES, IO + 'instance_group [ { count: 2 kind: KIND_CPU } ]')
+    models.python_model(repo, "default_group", NAMES, IO)
+    models.python_model(repo, "seq", NAMES, SEQUENCE)
+    with Server(["--model-repository", repo]) as s:
+        yield s
+
+
+def test_pb_utils_names_and_values_are_tritons(server):
+    # initialize checked them: the model loaded, and logged at every level.
+    assert server.client().is_model_ready("init_args")
+    for level in ("INFO", "WARN", "ERROR"):
+        assert server.wait_log(f"level {level} works"), level
+
+
+def test_initialize_gets_the_arguments_triton_gives(server):
+    names = {seen(server.client(), "init_args")["model_instance_name"] for _ in range(8)}
+    assert names <= {"init_args_0_0", "init_args_0_1"} and names, names
+    got = seen(server.client(), "init_args")
+    assert (got["model_name"], got["model_version"], got["model_instance_kind"], got["model_instance_device_id"]) == \
+        ("init_args", "1", "CPU", "0")
+    assert got["model_repository"].endswith("/init_args") and got["model"] == "init_args"
+    # No instance_group: one group named after the model, as Triton's.
+    assert seen(server.client(), "default_group")["model_instance_name"] == "default_group_0"
+
+
+@pytest.mark.parametrize("lib", [httpclient, grpcclient], ids=["http", "grpc"])
+def test_sequence_requests_carry_their_correlation_id_and_flags(server, lib):
+    client = server.client() if lib is httpclient else server.grpc_client()
+    first = seen(client, "seq", lib, sequence_id=42, sequence_start=True)
+    middle = seen(client, "seq", lib, sequence_id=42)
+    last = seen(client, "seq", lib, sequence_id=42, sequence_end=True)
+    assert [(r["correlation_id"], r["flags"]) for r in (first, middle, last)] == [(42, 1), (42, 0), (42, 2)]
+    both = seen(client, "seq", lib, sequence_id="abc", sequence_start=True, sequence_end=True)
+    assert (both["correlation_id"], both["flags"]) == ("abc", 3)
+
+
+GENERATOR = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([7], dtype=np.int32))]) for _ in requests]
+'''
+
+SINK = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([]) for _ in requests]
+'''
+
+
+def test_configs_without_inputs_or_outputs_load_and_answer(tmp_path):
+    repo = str(tmp_path)
+    models.python_model(repo, "generator", GENERATOR, """
+backend: "python"
+max_batch_size: 0
+output [ { name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+""")
+    models.python_model(repo, "sink", SINK, """
+backend: "python"
+max_batch_size: 0
+input [ { name: "IN" data_type: TYPE_INT32 dims: [ 1 ] } ]
+""")
+    with Server(["--model-repository", repo]) as s:
+        client = s.client()
+        assert client.infer("generator", []).as_numpy("OUT").tolist() == [7]
+        x = httpclient.InferInput("IN", [1], "INT32").set_data_from_numpy(np.array([1], dtype=np.int32))
+        assert client.infer("sink", [x]).get_response()["outputs"] == []
+        assert s.grpc_client().infer("generator", []).as_numpy("OUT").tolist() == [7]
+
+
+MULTI = '''
+import file1
+import triton_python_backend_utils as pb_utils
+from . import file2
+from .helpers.names import NAME
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        if (file1.FILE_NAME, file2.FILE_NAME, NAME) != ("FILE1", "FILE2", "NESTED"):
+            raise pb_utils.TritonModelException("imports do not work")
+
+    def execute(self, requests):
+        x = [pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() for r in requests]
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", v)]) for v in x]
+'''
+
+
+def test_a_model_over_several_files_imports_its_siblings(tmp_path):
+    repo = str(tmp_path)
+    models.python_model(repo, "multi_file", MULTI, IO.replace("TYPE_STRING", "TYPE_INT32"))
+    version = os.path.join(repo, "multi_file", "1")
+    models.write(os.path.join(version, "file1.py"), 'FILE_NAME = "FILE1"\n')
+    models.write(os.path.join(version, "file2.py"), 'FILE_NAME = "FILE2"\n')
+    models.write(os.path.join(version, "helpers", "__init__.py"), "")
+    models.write(os.path.join(version, "helpers", "names.py"), 'NAME = "NESTED"\n')
+    with Server(["--model-repository", repo]) as s:
+        x = httpclient.InferInput("IN", [1], "INT32").set_data_from_numpy(np.array([5], dtype=np.int32))
+        assert s.client().infer("multi_file", [x]).as_numpy("OUT").tolist() == [5]
+
+
+def test_load_api_file_overrides_with_a_leading_slash(tmp_path):
+    config = json.dumps({"name": "uploaded", "backend": "python", "max_batch_size": 0,
+                         "output": [{"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]}]})
+    with Server(["--model-repository", str(tmp_path), "--model-control-mode=explicit"]) as s:
+        client = s.client()
+        client.load_model("uploaded", config=config, files={"file:/1/model.py": GENERATOR.encode()})
+        assert client.infer("uploaded", []).as_numpy("OUT").tolist() == [7]
+        grpc = s.grpc_client()
+        grpc.load_model("uploaded2", config=config.replace("uploaded", "uploaded2"),
+                        files={"file:/1/model.py": GENERATOR.encode()})
+        assert grpc.infer("uploaded2", []).as_numpy("OUT").tolist() == [7]
