@@ -195,3 +195,40 @@ def test_load_api_file_overrides_with_a_leading_slash(tmp_path):
         grpc.load_model("uploaded2", config=config.replace("uploaded", "uploaded2"),
                         files={"file:/1/model.py": GENERATOR.encode()})
         assert grpc.infer("uploaded2", []).as_numpy("OUT").tolist() == [7]
+
+
+CHATTY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            n = int(pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()[0])
+            pb_utils.Logger.log_info(f"info {n}")
+            pb_utils.Logger.log_warn(f"warning {n}")
+            pb_utils.Logger.log(f"verbose {n}", pb_utils.Logger.VERBOSE)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([n], dtype=np.int32))]))
+        return out
+'''
+
+
+def test_python_logs_follow_the_log_settings_set_at_run_time(tmp_path):
+    repo = str(tmp_path)
+    models.python_model(repo, "chatty", CHATTY, IO.replace("TYPE_STRING", "TYPE_INT32"))
+    with Server(["--model-repository", repo]) as s:
+        client = s.client()
+        call = lambda n: client.infer("chatty", [httpclient.InferInput("IN", [1], "INT32").set_data_from_numpy(
+            np.array([n], dtype=np.int32))])
+        call(1)
+        assert s.wait_log("info 1") and s.wait_log("warning 1")
+        assert "verbose 1" not in s.log(), "verbose is off by default"
+        client.update_log_settings({"log_verbose_level": 1})
+        call(2)
+        assert s.wait_log("verbose 2")
+        client.update_log_settings({"log_verbose_level": 0, "log_info": False})
+        call(3)
+        assert s.wait_log("warning 3")
+        assert "info 3" not in s.log() and "verbose 3" not in s.log()
