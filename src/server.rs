@@ -161,15 +161,18 @@ impl Core {
         }
         // Python processes call back into the engine (BLS, model control) once it exists.
         let host: HostSlot = Arc::default();
-        let python = PythonBackend::new(config.python.clone(), Arc::clone(&host), tokio::runtime::Handle::current());
+        let python =
+            Arc::new(PythonBackend::new(config.python.clone(), Arc::clone(&host), tokio::runtime::Handle::current()));
+        let based = Arc::clone(&python);
         let backends = Backends::new(vec![
             onnx,
-            Arc::new(python),
+            python,
             Arc::new(IdentityBackend),
             Arc::new(crate::backend::native::image::ImageBackend),
             Arc::new(crate::backend::native::post::PostBackend),
             Arc::new(crate::backend::native::tokenizer::TokenizerBackend),
-        ]);
+        ])
+        .with_found(move |name| based.based_on(name).map(|b| Arc::new(b) as Arc<dyn crate::backend::Backend>));
         let registry = Arc::new(Registry::default());
         let options = LoadOptions {
             auto_complete: config.auto_complete,

@@ -202,18 +202,36 @@ pub trait Backend: Send + Sync {
 #[derive(Clone)]
 pub struct Backends {
     all: Vec<Arc<dyn Backend>>,
+    /// Makes a backend ferry does not build in, by name (Python-based backends), once.
+    found: Option<Arc<dyn Fn(&str) -> Option<Arc<dyn Backend>> + Send + Sync>>,
+    made: Arc<std::sync::Mutex<Vec<Arc<dyn Backend>>>>,
 }
 
 impl Backends {
     pub fn new(all: Vec<Arc<dyn Backend>>) -> Self {
-        Backends { all }
+        Backends { all, found: None, made: Default::default() }
+    }
+
+    /// Backends found by name when none built in has it.
+    pub fn with_found(mut self, found: impl Fn(&str) -> Option<Arc<dyn Backend>> + Send + Sync + 'static) -> Self {
+        self.found = Some(Arc::new(found));
+        self
     }
 
     pub fn get(&self, name: &str) -> Result<Arc<dyn Backend>> {
-        self.all.iter().find(|b| b.name() == name).cloned().ok_or_else(|| {
-            let known: Vec<&str> = self.all.iter().map(|b| b.name()).collect();
-            Error::unsupported(format!("backend '{name}' is not available in ferry (available: {})", known.join(", ")))
-        })
+        if let Some(b) = self.all.iter().find(|b| b.name() == name) {
+            return Ok(Arc::clone(b));
+        }
+        let mut made = self.made.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(b) = made.iter().find(|b| b.name() == name) {
+            return Ok(Arc::clone(b));
+        }
+        if let Some(b) = self.found.as_ref().and_then(|f| f(name)) {
+            made.push(Arc::clone(&b));
+            return Ok(b);
+        }
+        let known: Vec<&str> = self.all.iter().map(|b| b.name()).collect();
+        Err(Error::unsupported(format!("backend '{name}' is not available in ferry (available: {})", known.join(", "))))
     }
 }
 pub mod ort_library;

@@ -247,6 +247,11 @@ struct ServeArgs {
     /// `python,executable=<path>`, `python,stub-timeout-seconds=30`, `python,execute-timeout-seconds=0`.
     #[arg(long, env = "FERRY_BACKEND_CONFIG")]
     backend_config: Vec<String>,
+    /// Where Python-based backends are: `backend: "<name>"` that ferry does not build in runs
+    /// `<dir>/<name>/model.py` as a Python model (Triton's vLLM and TensorRT-LLM backends ship
+    /// so). Default: `backends/` beside the binary.
+    #[arg(long, env = "FERRY_BACKEND_DIRECTORY")]
+    backend_directory: Option<PathBuf>,
 }
 
 /// A flag's value that cannot be used, worded for the operator.
@@ -382,6 +387,10 @@ impl Config {
         let (http_tls, grpc_tls) = a.tls.resolve().map_err(invalid)?;
         let storage = a.storage.resolve(&env);
         python.envs_dir = storage.cache_dir.join("python-envs");
+        python.backend_directory = a.backend_directory.clone().unwrap_or_else(|| {
+            let exe = std::env::current_exe().ok();
+            exe.and_then(|e| e.parent().map(|d| d.join("backends"))).unwrap_or_else(|| PathBuf::from("backends"))
+        });
         let model_repositories = if a.model_repository.is_empty() {
             platform.repository.iter().cloned().collect()
         } else {

@@ -33,6 +33,16 @@ pub fn read(dir: &Path, auto_complete: bool) -> Result<ModelConfig, String> {
 /// What the server fills in even without auto-complete: the name, and backend / platform /
 /// default_model_filename for ONNX models (§5.1).
 pub fn fill(cfg: &mut ModelConfig, dir: &Path, dir_name: &str) -> Result<(), String> {
+    fill_with(cfg, dir, dir_name, &|_| false)
+}
+
+/// `fill`, where `python_based(name)` says whether backend `name` is a Python-based one.
+pub fn fill_with(
+    cfg: &mut ModelConfig,
+    dir: &Path,
+    dir_name: &str,
+    python_based: &dyn Fn(&str) -> bool,
+) -> Result<(), String> {
     if cfg.name.is_empty() {
         cfg.name = dir_name.to_string();
     }
@@ -48,8 +58,8 @@ pub fn fill(cfg: &mut ModelConfig, dir: &Path, dir_name: &str) -> Result<(), Str
     if cfg.platform == "ensemble" {
         return Ok(());
     }
-    if let Some(hint) = unsupported(&cfg.platform, &cfg.backend) {
-        return Err(format!("model '{}': {hint}; {SERVED}", cfg.name));
+    if let Some(hint) = unsupported(&cfg.platform, &cfg.backend).filter(|_| !python_based(&cfg.backend)) {
+        return Err(format!("model '{}': {hint}; {SERVED}, and Python-based backends (--backend-directory)", cfg.name));
     }
     let onnx = cfg.backend == "onnxruntime"
         || (cfg.backend.is_empty() && cfg.platform == "onnxruntime_onnx")

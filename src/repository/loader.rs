@@ -161,7 +161,7 @@ fn prepare(
     if rename {
         cfg.name = name.to_string();
     }
-    config::fill(&mut cfg, dir, name)?;
+    config::fill_with(&mut cfg, dir, name, &|b| backends.get(b).is_ok())?;
     let available = version_dirs(dir);
     let versions = select_versions(cfg.version_policy.as_ref(), &available);
     let Some(&newest) = versions.last() else {

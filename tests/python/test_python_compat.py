@@ -232,3 +232,50 @@ def test_python_logs_follow_the_log_settings_set_at_run_time(tmp_path):
         call(3)
         assert s.wait_log("warning 3")
         assert "info 3" not in s.log() and "verbose 3" not in s.log()
+
+
+# A backend written in Python, as vLLM's ships: its model.py completes the config and reads the
+# model's own files from the model's folder.
+BACKEND = '''
+import json
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    @staticmethod
+    def auto_complete_config(config):
+        config.add_input({"name": "IN", "data_type": "TYPE_INT32", "dims": [1]})
+        config.add_output({"name": "OUT", "data_type": "TYPE_INT32", "dims": [1]})
+        return config
+
+    def initialize(self, args):
+        with open(os.path.join(args["model_repository"], args["model_version"], "model.json")) as f:
+            self.add = json.load(f)["add"]
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy()
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x + self.add)]))
+        return out
+'''
+
+
+def test_a_python_based_backend_runs_models_that_name_it(tmp_path):
+    backends, repo = tmp_path / "backends", str(tmp_path / "models")
+    models.write(str(backends / "adder" / "model.py"), BACKEND)
+    for name, add in (("plus_one", 1), ("plus_ten", 10)):
+        models.write(os.path.join(repo, name, "config.pbtxt"), 'backend: "adder"\nmax_batch_size: 0\n')
+        models.write(os.path.join(repo, name, "1", "model.json"), json.dumps({"add": add}))
+    models.write(os.path.join(repo, "nowhere", "config.pbtxt"), 'backend: "vllm"\nmax_batch_size: 0\n')
+    os.makedirs(os.path.join(repo, "nowhere", "1"))
+    with Server(["--model-repository", repo, f"--backend-directory={backends}", "--exit-on-error=false"]) as s:
+        client = s.client()
+        x = httpclient.InferInput("IN", [1], "INT32").set_data_from_numpy(np.array([5], dtype=np.int32))
+        assert client.infer("plus_one", [x]).as_numpy("OUT").tolist() == [6]
+        assert client.infer("plus_ten", [x]).as_numpy("OUT").tolist() == [15]
+        assert client.get_model_metadata("plus_one")["platform"] == "adder"
+        reason = {m["name"]: m for m in client.get_model_repository_index()}["nowhere"]["reason"]
+        assert "backend 'vllm' is not served" in reason and "--backend-directory" in reason, reason

@@ -48,6 +48,8 @@ pub struct PythonSettings {
     /// killed and replaced, its requests failed (default: no limit; a model's
     /// `EXECUTE_TIMEOUT_SECONDS` parameter overrides it).
     pub execute_timeout: Option<Duration>,
+    /// `--backend-directory`: where Python-based backends are (`<dir>/<name>/model.py`).
+    pub backend_directory: PathBuf,
 }
 
 impl Default for PythonSettings {
@@ -57,6 +59,7 @@ impl Default for PythonSettings {
             stub_timeout: Duration::from_secs(30),
             envs_dir: std::env::temp_dir().join("ferry-python-envs"),
             execute_timeout: None,
+            backend_directory: PathBuf::from("backends"),
         }
     }
 }
@@ -65,9 +68,11 @@ pub struct PythonBackend {
     settings: PythonSettings,
     host: HostSlot,
     runtime: tokio::runtime::Handle,
-    /// The stub's files, written once into a private folder.
-    stub: OnceLock<std::result::Result<tempfile::TempDir, String>>,
+    /// The stub's files, written once into a private folder (shared by Python-based backends).
+    stub: Arc<OnceLock<std::result::Result<tempfile::TempDir, String>>>,
     restarts: Arc<AtomicU64>,
+    /// A Python-based backend: its name, and the `model.py` every model of it runs.
+    based: Option<(&'static str, PathBuf)>,
 }
 
 /// How to start (and restart) the processes of one instance.
@@ -214,7 +219,27 @@ pub fn default_python_usable(settings: &PythonSettings) -> std::result::Result<(
 
 impl PythonBackend {
     pub fn new(settings: PythonSettings, host: HostSlot, runtime: tokio::runtime::Handle) -> Self {
-        PythonBackend { settings, host, runtime, stub: OnceLock::new(), restarts: Arc::default() }
+        PythonBackend { settings, host, runtime, stub: Arc::default(), restarts: Arc::default(), based: None }
+    }
+
+    /// The Python-based backend `name` (`<backend directory>/<name>/model.py`), when there is one.
+    pub fn based_on(&self, name: &str) -> Option<PythonBackend> {
+        crate::names::check_model_name(name).ok()?;
+        let file = self.settings.backend_directory.join(name).join("model.py");
+        if !file.is_file() {
+            return None;
+        }
+        tracing::info!(backend = name, file = %file.display(), "a Python-based backend");
+        // Names live as long as the server; one per backend folder found.
+        let name: &'static str = Box::leak(name.to_string().into_boxed_str());
+        Some(PythonBackend {
+            settings: self.settings.clone(),
+            host: Arc::clone(&self.host),
+            runtime: self.runtime.clone(),
+            stub: Arc::clone(&self.stub),
+            restarts: Arc::clone(&self.restarts),
+            based: Some((name, file)),
+        })
     }
 
     /// Python processes started again after one died, since the server started.
@@ -237,6 +262,8 @@ impl PythonBackend {
     fn launch(&self, model_path: &Path, config: &ModelConfig, device: Device) -> Result<Launch> {
         let version_dir = model_path.parent().unwrap_or(Path::new("."));
         let model_dir = version_dir.parent().unwrap_or(Path::new(".")).to_path_buf();
+        // A Python-based backend's model.py runs every model of it, in the model's own folder.
+        let model_path = self.based.as_ref().map_or(model_path, |(_, file)| file.as_path());
         if !model_path.is_file() {
             return Err(Error::invalid(format!("model file '{}' does not exist", model_path.display())));
         }
@@ -262,7 +289,7 @@ impl PythonBackend {
 
 impl Backend for PythonBackend {
     fn name(&self) -> &'static str {
-        "python"
+        self.based.as_ref().map_or("python", |(name, _)| name)
     }
 
     /// A Python model declares nothing ferry could check its config against.
@@ -281,7 +308,7 @@ impl Backend for PythonBackend {
         let mut p = Process::start(&launch.python, &launch.stub_dir, &launch.model, &launch.model_dir, launch.timeout)?;
         let msg = json!({
             "op": "auto_complete",
-            "model_path": model_path.display().to_string(),
+            "model_path": launch.model_path.display().to_string(),
             "config": pbtxt::to_json(config),
         });
         let reply = launch.request(&mut p, &msg, "auto_complete_config")?;

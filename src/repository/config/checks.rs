@@ -49,7 +49,7 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
     }
     let batching = cfg.max_batch_size > 0;
     // A Python model may take nothing (a generator) or give nothing (a BLS driver), as in Triton.
-    if (cfg.input.is_empty() || cfg.output.is_empty()) && cfg.backend != "python" {
+    if (cfg.input.is_empty() || cfg.output.is_empty()) && !runs_python(cfg) {
         return Err(format!(
             "model '{}' must list at least one input and one output (or leave them to auto-complete)",
             cfg.name
@@ -91,7 +91,7 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
     if cfg.platform == "ensemble" {
         check_ensemble(cfg)?;
     }
-    if cfg.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) && cfg.backend != "python" {
+    if cfg.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) && !runs_python(cfg) {
         return Err(format!(
             "model '{}': only Python models can be decoupled (model_transaction_policy.decoupled)",
             cfg.name
@@ -104,6 +104,15 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
     }
     check_instances(cfg)?;
     check_warmup(cfg)
+}
+
+/// Whether the model runs as Python: the Python backend, or a Python-based one (a backend ferry
+/// does not build in; `fill` let it through only when its model.py was found).
+fn runs_python(cfg: &ModelConfig) -> bool {
+    !matches!(
+        cfg.backend.as_str(),
+        "onnxruntime" | "identity" | "ferry_image" | "ferry_tokenizer" | "ferry_postprocess" | ""
+    )
 }
 
 /// What an ensemble's config may hold (its steps are checked against the models at load).
