@@ -198,12 +198,15 @@ pub trait Backend: Send + Sync {
     }
 }
 
+/// Makes a backend ferry does not build in, from its name.
+type FindBackend = dyn Fn(&str) -> Option<Arc<dyn Backend>> + Send + Sync;
+
 /// The backends this server has, found by the config's `backend` name.
 #[derive(Clone)]
 pub struct Backends {
     all: Vec<Arc<dyn Backend>>,
     /// Makes a backend ferry does not build in, by name (Python-based backends), once.
-    found: Option<Arc<dyn Fn(&str) -> Option<Arc<dyn Backend>> + Send + Sync>>,
+    found: Option<Arc<FindBackend>>,
     made: Arc<std::sync::Mutex<Vec<Arc<dyn Backend>>>>,
 }
 
