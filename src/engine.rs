@@ -521,6 +521,10 @@ impl crate::backend::Host for Engine {
         Box::pin(Engine::infer(self, req))
     }
 
+    fn infer_stream(&self, req: InferRequest) -> crate::backend::HostFuture<'_, crate::request::ResponseStream> {
+        Box::pin(Engine::infer_stream(self, req))
+    }
+
     fn load(
         &self,
         name: String,

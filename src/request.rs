@@ -349,3 +349,17 @@ mod tests {
         assert_eq!(ParamValue::String("5".into()).as_u64(), None);
     }
 }
+
+/// One response of a stream.
+#[derive(Debug)]
+pub struct StreamItem {
+    pub response: InferResponse,
+    /// The request's last response (it may carry no outputs: only the mark).
+    pub last: bool,
+    /// Its bytes, counted against the request's admission ticket until the front-end drops
+    /// this (once it has handed the response to its connection).
+    pub charge: Charge,
+}
+
+/// The responses of one request, as the engine streams them.
+pub type ResponseStream = tokio::sync::mpsc::Receiver<crate::error::Result<StreamItem>>;

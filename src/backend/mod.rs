@@ -176,6 +176,8 @@ pub type HostFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>
 /// model control, as engine calls.
 pub trait Host: Send + Sync {
     fn infer(&self, req: InferRequest) -> HostFuture<'_, InferResponse>;
+    /// A request whose responses stream (a decoupled model's 0..n, any other model's one).
+    fn infer_stream(&self, req: InferRequest) -> HostFuture<'_, crate::request::ResponseStream>;
     fn load(&self, name: String, config: Option<String>, files: Vec<(String, Vec<u8>)>) -> HostFuture<'_, ()>;
     fn unload(&self, name: String) -> HostFuture<'_, ()>;
     fn ready(&self, name: &str, version: Option<u64>) -> bool;

@@ -354,9 +354,24 @@ impl Config {
                 Some(("python", ("stub-timeout-seconds", v))) => {
                     python.stub_timeout = std::time::Duration::from_secs(number(v)?.max(1));
                 }
+                // Triton's shared-memory sizing: ferry sizes each region to what a batch needs,
+                // so these are checked and accepted, not needed.
+                Some((
+                    "python",
+                    (
+                        "shm-default-byte-size"
+                        | "shm-growth-byte-size"
+                        | "shm-message-queue-size"
+                        | "grpc-timeout-milliseconds",
+                        v,
+                    ),
+                )) => {
+                    number(v)?;
+                }
+                Some(("python", ("shm-region-prefix-name", _))) => {}
                 _ => {
                     return Err(invalid(format!(
-                        "--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>, python,executable=<path>, python,stub-timeout-seconds=<n> or python,execute-timeout-seconds=<n>"
+                        "--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>, python,executable=<path>, python,stub-timeout-seconds=<n>, python,execute-timeout-seconds=<n> or python,shm-default-byte-size=<n>"
                     )));
                 }
             }

@@ -15,18 +15,7 @@ use crate::{
     validate::{ValidatedRequest, validate},
 };
 
-/// One response of a stream.
-#[derive(Debug)]
-pub struct StreamItem {
-    pub response: InferResponse,
-    /// The request's last response (it may carry no outputs: only the mark).
-    pub last: bool,
-    /// Its bytes, counted against the request's admission ticket until the front-end drops
-    /// this (once it has handed the response to its connection).
-    pub charge: Charge,
-}
-
-pub type ResponseStream = mpsc::Receiver<Result<StreamItem>>;
+pub use crate::request::{ResponseStream, StreamItem};
 
 /// Responses handed to the front-end ahead of what it has sent (the rest wait, bounded, in the
 /// model's stream: see `StreamTx`).

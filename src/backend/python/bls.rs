@@ -17,7 +17,42 @@ use crate::{
 pub enum HostCall {
     /// A BLS request, with the context of the batch that made it.
     Infer(Value, Vec<Vec<u8>>, crate::request::Context),
+    /// A BLS request whose responses stream back (`exec(decoupled=True)`), until the process
+    /// cancels it through `cancel`.
+    Stream(Value, Vec<Vec<u8>>, crate::request::Context, Cancel),
     Control(Value),
+}
+
+/// The BLS streams a process has open, by the call's sequence number: cancelling one drops
+/// its responses, so the model it calls sees the request cancelled.
+#[derive(Clone, Default)]
+pub struct Cancels(Arc<std::sync::Mutex<std::collections::HashMap<u64, tokio::sync::oneshot::Sender<()>>>>);
+
+/// What a streaming BLS call waits on besides its responses; it leaves `Cancels` when done.
+pub struct Cancel {
+    seq: u64,
+    rx: tokio::sync::oneshot::Receiver<()>,
+    all: Cancels,
+}
+
+impl Cancels {
+    pub fn open(&self, seq: u64) -> Cancel {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).insert(seq, tx);
+        Cancel { seq, rx, all: self.clone() }
+    }
+
+    pub fn cancel(&self, seq: u64) {
+        if let Some(tx) = self.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&seq) {
+            let _ = tx.send(());
+        }
+    }
+}
+
+impl Drop for Cancel {
+    fn drop(&mut self) {
+        self.all.0.lock().unwrap_or_else(|p| p.into_inner()).remove(&self.seq);
+    }
 }
 
 pub fn log(model: &str, msg: &Value) {
@@ -115,7 +150,8 @@ fn error_json(e: &Error) -> Value {
     json!({"message": e.message(), "code": code})
 }
 
-fn infer_reply(seq: &Value, outcome: Result<InferResponse>, writer: &Writer) {
+/// Answers a BLS call; `more`: further responses of the same call follow.
+fn infer_reply(seq: &Value, outcome: Result<InferResponse>, writer: &Writer, more: bool) -> bool {
     let sent = match outcome {
         Ok(resp) => {
             let meta: Vec<Value> = resp
@@ -126,12 +162,53 @@ fn infer_reply(seq: &Value, outcome: Result<InferResponse>, writer: &Writer) {
             let parameters: serde_json::Map<String, Value> =
                 resp.parameters.iter().map(|(k, v)| (k.clone(), param_json(v))).collect();
             let blobs: Vec<&[u8]> = resp.outputs.iter().map(|t| &t.data[..]).collect();
-            writer.send(&json!({"op": "infer_result", "seq": seq, "outputs": meta, "parameters": parameters}), &blobs)
+            let msg =
+                json!({"op": "infer_result", "seq": seq, "outputs": meta, "parameters": parameters, "more": more});
+            writer.send(&msg, &blobs)
         }
         Err(e) => writer.send(&json!({"op": "infer_result", "seq": seq, "error": error_json(&e)}), &[]),
     };
-    if let Err(e) = sent {
+    if let Err(e) = &sent {
         tracing::debug!(error = %e, "cannot answer a BLS call (the process is gone)");
+    }
+    sent.is_ok()
+}
+
+/// Forwards a streaming BLS call's responses, each as it comes, the last marked; a cancel from
+/// the process drops the stream (the called model sees its request cancelled) and ends the
+/// call with a CANCELLED error.
+async fn forward_stream(seq: &Value, mut stream: crate::request::ResponseStream, mut cancel: Cancel, writer: &Writer) {
+    loop {
+        tokio::select! {
+            _ = &mut cancel.rx => {
+                drop(stream);
+                let e = Error::new(crate::error::ErrorKind::Cancelled, "the BLS request was cancelled");
+                infer_reply(seq, Err(e), writer, false);
+                return;
+            }
+            item = stream.recv() => {
+                let (outcome, more) = match item {
+                    Some(Ok(item)) => (Ok(item.response), !item.last),
+                    Some(Err(e)) => (Err(e), false),
+                    None => (Err(Error::internal("the BLS stream ended before its final response")), false),
+                };
+                if !infer_reply(seq, outcome, writer, more) || !more {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A BLS request, unless it calls the one busy instance of the model making it.
+fn checked(req: Result<InferRequest>, alone: Option<&str>) -> Result<InferRequest> {
+    match req {
+        Ok(req) if alone == Some(req.model_name.as_str()) => Err(Error::invalid(format!(
+            "model '{}' runs one instance, which is busy with the request that makes this BLS call: a call to \
+             itself would wait for itself for ever (give it more instances)",
+            req.model_name
+        ))),
+        other => other,
     }
 }
 
@@ -153,16 +230,21 @@ pub fn serve(
         };
         match call {
             HostCall::Infer(msg, blobs, context) => {
-                let outcome = match bls_request(&msg, blobs) {
-                    Ok(req) if alone.as_deref() == Some(req.model_name.as_str()) => Err(Error::invalid(format!(
-                        "model '{}' runs one instance, which is busy with the request that makes this BLS call: a \
-                         call to itself would wait for itself for ever (give it more instances)",
-                        req.model_name
-                    ))),
+                let outcome = match checked(bls_request(&msg, blobs), alone.as_deref()) {
                     Ok(req) => host.infer(crate::request::InferRequest { context, ..req }).await,
                     Err(e) => Err(e),
                 };
-                infer_reply(&msg["seq"], outcome, &writer);
+                infer_reply(&msg["seq"], outcome, &writer, false);
+            }
+            HostCall::Stream(msg, blobs, context, cancel) => {
+                let stream = match checked(bls_request(&msg, blobs), alone.as_deref()) {
+                    Ok(req) => host.infer_stream(crate::request::InferRequest { context, ..req }).await,
+                    Err(e) => Err(e),
+                };
+                match stream {
+                    Ok(stream) => forward_stream(&msg["seq"], stream, cancel, &writer).await,
+                    Err(e) => _ = infer_reply(&msg["seq"], Err(e), &writer, false),
+                }
             }
             HostCall::Control(msg) => {
                 let name = msg["model_name"].as_str().unwrap_or_default().to_string();

@@ -121,6 +121,7 @@ fn read_loop(
 ) {
     let model = &launch.model;
     let mut reader = std::io::BufReader::with_capacity(1 << 16, reader);
+    let cancels = bls::Cancels::default();
     loop {
         let (msg, blobs) = match read_message(&mut reader) {
             Ok(m) => m,
@@ -142,8 +143,15 @@ fn read_loop(
             Some("log") => bls::log(model, &msg),
             Some("infer") => {
                 let context = running.lock().unwrap_or_else(|p| p.into_inner()).nested();
-                launch.host_call(HostCall::Infer(msg, blobs, context), writer.clone());
+                let call = if msg["decoupled"].as_bool() == Some(true) {
+                    let cancel = cancels.open(msg["seq"].as_u64().unwrap_or(0));
+                    HostCall::Stream(msg, blobs, context, cancel)
+                } else {
+                    HostCall::Infer(msg, blobs, context)
+                };
+                launch.host_call(call, writer.clone());
             }
+            Some("cancel_infer") => cancels.cancel(msg["seq"].as_u64().unwrap_or(0)),
             Some("control") => launch.host_call(HostCall::Control(msg), writer.clone()),
             Some("response") => stream_response(model, streams, &msg, blobs),
             Some("cancelled") => {

@@ -31,6 +31,14 @@ pub fn prefix() -> String {
     format!("ferry-{}-{hex}", std::process::id())
 }
 
+/// Held from a process's spawn to its `started`, and by `reap_orphans` while it looks: a
+/// process just spawned is never taken for an orphan.
+static SPAWNING: Mutex<()> = Mutex::new(());
+
+pub fn spawning() -> std::sync::MutexGuard<'static, ()> {
+    SPAWNING.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 pub fn started(pid: u32, prefix: &str) {
     live().insert(pid, (prefix.to_string(), false));
 }
@@ -72,6 +80,7 @@ fn reap_orphans() {
     let me = std::process::id() as i32;
     // SAFETY: getpgid(2) of ferry itself.
     let group = unsafe { libc::getpgid(0) };
+    let _no_spawn = spawning();
     let known: Vec<u32> = live().keys().copied().collect();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };

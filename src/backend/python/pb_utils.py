@@ -4,6 +4,7 @@ Written for ferry from Triton's documented API; any Python >= 3.9 with numpy."""
 import json
 import struct
 import threading
+import weakref
 
 import numpy as np
 
@@ -197,6 +198,68 @@ class InferenceResponse:
         return self._parameters
 
 
+class _Box:
+    """What has been answered for one request: shared by its sender(s), the stub and the
+    finalizer that runs once the model holds neither the request nor its sender."""
+    __slots__ = ("decoupled", "handle", "closed", "response", "count", "abandoned", "sender_made", "on_done",
+                 "running")
+
+    def __init__(self, decoupled, handle):
+        self.decoupled, self.handle, self.running = decoupled, handle, True
+        self.closed = self.abandoned = self.sender_made = False
+        self.response, self.count, self.on_done = None, 0, None
+
+    def done(self):
+        return self.closed or self.abandoned
+
+
+# Guards every _Box; re-entrant since a finalizer may run while this thread holds it.
+_STATE = threading.Condition(threading.RLock())
+
+
+def _settled(box):
+    """Wakes whoever waits for `box` (under _STATE)."""
+    _STATE.notify_all()
+    if box.on_done is not None:
+        box.on_done()
+
+
+def _abandon(box):
+    """The model dropped the request and its sender: a decoupled request that never got its
+    final flag gets it once execute() is over (its client would wait for ever otherwise)."""
+    with _STATE:
+        if box.done():
+            return
+        box.abandoned = True
+        _close_abandoned(box)
+        _settled(box)
+
+
+def _ran(box):
+    """execute() is over for the request: what it abandoned meanwhile is closed now."""
+    with _STATE:
+        box.running = False
+        _close_abandoned(box)
+
+
+def _close_abandoned(box):
+    if box.abandoned and box.decoupled and not box.closed and not box.running and _CHANNEL is not None:
+        box.closed = True
+        try:
+            _CHANNEL.respond(box.handle, None, True)
+        except OSError:
+            pass
+
+
+class _Slot:
+    """Held by a request and its sender; when both are gone, the request is abandoned."""
+    __slots__ = ("box", "__weakref__")
+
+    def __init__(self, box):
+        self.box = box
+        weakref.finalize(self, _abandon, box)
+
+
 class InferenceRequest:
     """A request ferry handed to `execute`, or a BLS request the model builds and runs."""
 
@@ -206,18 +269,21 @@ class InferenceRequest:
         self._model_name, self._version, self._timeout = model_name, model_version, timeout
         self._outputs = list(requested_output_names or [])
         self._inputs = list(inputs or [])
+        if not isinstance(parameters, (str, dict, type(None))):
+            raise TritonModelException("InferenceRequest parameters must be a dict or a JSON string")
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters) if parameters else "{}"
         self._id, self._correlation_id, self._flags = request_id, correlation_id, flags
-        self._handle = None  # set by the stub for a request of a decoupled model
+        self._slot = self._sender = None  # set for the requests ferry hands to execute()
+        self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
 
     @classmethod
-    def _from_ferry(cls, inputs, outputs, request_id, parameters, handle, sequence=(0, 0), model=("", -1)):
-        """A request of the batch ferry hands to execute(): `sequence` is its correlation id and
-        START/END flags, `model` the model's name and version."""
+    def _from_ferry(cls, inputs, outputs, request_id, parameters, box, sequence=(0, 0), model=("", -1)):
+        """A request of the batch ferry hands to execute(): `box` holds what it was answered,
+        `sequence` is its correlation id and START/END flags, `model` the model's name and version."""
         r = cls.__new__(cls)
         (r._model_name, r._version), r._timeout = model, 0
         r._outputs, r._inputs, r._parameters = outputs, inputs, parameters
-        r._id, (r._correlation_id, r._flags), r._handle = request_id, sequence, handle
+        r._id, (r._correlation_id, r._flags), r._slot, r._sender = request_id, sequence, _Slot(box), None
         r._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
         return r
 
@@ -226,6 +292,9 @@ class InferenceRequest:
         if flags not in (TRITONSERVER_REQUEST_RELEASE_ALL, TRITONSERVER_REQUEST_RELEASE_RESCHEDULE):
             raise TritonModelException(f"unknown release flags {flags!r}")
         self._release_flags = flags
+
+    def release_flags(self):
+        return self._release_flags
 
     def inputs(self):
         return self._inputs
@@ -253,14 +322,19 @@ class InferenceRequest:
 
     def is_cancelled(self):
         """Whether the client went away (its stream closed): the model may stop working on it."""
-        return self._handle is not None and _CHANNEL.cancelled(self._handle)
+        box = self._slot.box if self._slot is not None else None
+        return box is not None and box.handle is not None and _CHANNEL.cancelled(box.handle)
 
     def get_response_sender(self):
-        """Decoupled models: sends 0..n responses for this request, the last with
-        TRITONSERVER_RESPONSE_COMPLETE_FINAL, during or after execute()."""
-        if self._handle is None:
-            raise TritonModelException("get_response_sender() is only for requests of decoupled models")
-        return InferenceResponseSender(self._handle)
+        """Sends this request's responses during or after execute(): 0..n for a decoupled model,
+        exactly one for any other; the last with TRITONSERVER_RESPONSE_COMPLETE_FINAL."""
+        if self._slot is None:
+            raise TritonModelException("only the requests ferry hands to execute() have a response sender")
+        with _STATE:
+            if self._sender is None:
+                self._sender = InferenceResponseSender._for(self._slot)
+                self._slot.box.sender_made = True
+            return self._sender
 
     def _message(self):
         return {"model_name": self._model_name, "model_version": int(self._version), "id": self._id,
@@ -268,35 +342,81 @@ class InferenceRequest:
                 "timeout": int(self._timeout or 0)}
 
     def exec(self, decoupled=False):
-        """BLS: runs the request on another model of this server and waits for its response."""
+        """BLS: runs the request on another model of this server and waits for its response (an
+        iterator of responses with decoupled=True)."""
+        _bls_allowed()
+        if decoupled:
+            return _CHANNEL.infer_stream(self._message(), self._inputs)
         return _CHANNEL.infer(self._message(), self._inputs)
 
     def async_exec(self, decoupled=False):
         """BLS: an awaitable of the response (run it inside `async def execute`)."""
         import asyncio
+        _bls_allowed()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
         def done(response):
-            loop.call_soon_threadsafe(future.set_result, response)
+            loop.call_soon_threadsafe(lambda: future.done() or future.set_result(response))
 
-        _CHANNEL.infer_async(self._message(), self._inputs, done)
+        if decoupled:
+            iterator = _CHANNEL.infer_stream(self._message(), self._inputs)
+            iterator._on_first(done)
+        else:
+            _CHANNEL.infer_async(self._message(), self._inputs, done)
         return future
 
 
+def _bls_allowed():
+    if _CHANNEL is None or not _CHANNEL.executing:
+        raise TritonModelException("BLS is only supported during the 'execute' function.")
+
+
 class InferenceResponseSender:
-    def __init__(self, handle):
-        self._handle, self._closed = handle, False
+    """Sends one request's responses; all senders of a request share what it was answered."""
+
+    def __init__(self, *_args, **_kwargs):
+        raise TritonModelException("use request.get_response_sender()")
+
+    @classmethod
+    def _for(cls, slot):
+        s = cls.__new__(cls)
+        s._slot = slot
+        return s
 
     def send(self, response=None, flags=0):
-        if self._closed:
-            raise TritonModelException("the final response was already sent for this request")
-        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        _CHANNEL.respond(self._handle, response, final)
-        self._closed = final
+        if flags not in (0, TRITONSERVER_RESPONSE_COMPLETE_FINAL):
+            raise TritonModelException("Unable to send response. Unsupported flag provided.")
+        if flags == 0 and response is None:
+            raise TritonModelException(
+                "Inference Response object must be provided when the response flags is set to zero.")
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(
+                f"Expected an 'InferenceResponse' object, found type '{type(response).__name__}'.")
+        box, final = self._slot.box, flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        with _STATE:
+            if not box.decoupled:
+                if response is not None and box.count > 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send more than one response.")
+                if response is None and final and box.count == 0:
+                    raise TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send complete final before sending a "
+                        "response.")
+            if box.closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            box.count += 1
+            if response is not None:
+                box.response = response
+            box.closed = final
+            if box.decoupled:
+                _CHANNEL.respond(box.handle, response, final)
+            if final:
+                _settled(box)
 
     def is_cancelled(self):
-        return _CHANNEL.cancelled(self._handle)
+        box = self._slot.box
+        return box.handle is not None and _CHANNEL.cancelled(box.handle)
 
 
 class Logger:

@@ -183,6 +183,7 @@ impl Process {
             _ => stub_dir.as_os_str().to_os_string(),
         };
         let prefix = super::live::prefix();
+        let spawning = super::live::spawning();
         let mut child = Command::new(python)
             .arg("-u")
             .arg(stub_dir.join("ferry_stub.py"))
@@ -199,6 +200,7 @@ impl Process {
             .spawn()
             .map_err(|e| Error::unavailable(format!("cannot start '{}' for model '{model}': {e}", python.display())))?;
         super::live::started(child.id(), &prefix);
+        drop(spawning);
         let tail = Arc::new(Mutex::new(VecDeque::new()));
         let forwarding = Arc::new(std::sync::atomic::AtomicBool::new(false));
         if let Some(out) = child.stdout.take() {

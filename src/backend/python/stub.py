@@ -4,6 +4,7 @@ region ferry writes, outputs in one this process owns). BLS calls and log lines 
 over the same socket. Runs on any Python >= 3.9 with numpy."""
 import asyncio
 import collections
+import gc
 import importlib.machinery
 import importlib.util
 import inspect
@@ -40,6 +41,8 @@ class Channel:
         self.work = collections.deque()
         self.async_pending = 0
         self.helper = None
+        # BLS may run from initialize() on (in threads too) until finalize() begins.
+        self.executing = False
 
     def send(self, msg, blobs=()):
         body = json.dumps(msg).encode()
@@ -96,7 +99,8 @@ class Channel:
             with cond:
                 self.reading = False
                 if msg.get("op") in REPLIES:
-                    done = self.waiting.pop(msg.get("seq"), None)
+                    seq = msg.get("seq")
+                    done = self.waiting.get(seq) if msg.get("more") else self.waiting.pop(seq, None)
                     try:
                         if done is not None:
                             done(msg, blobs)
@@ -159,6 +163,15 @@ class Channel:
             self.cond.notify_all()
         self._call(msg, blobs, finished)
 
+    def infer_stream(self, request, inputs):
+        """A decoupled BLS call: an iterator of its responses, the last marked final."""
+        msg, blobs = bls_message(request, inputs)
+        msg["decoupled"] = True
+        iterator = ResponseIterator(self)
+        self._call(msg, list(blobs), iterator._push)
+        iterator.seq = msg["seq"]
+        return iterator
+
     def respond(self, handle, response, final):
         """A decoupled model's response (None: only the final flag)."""
         meta, blobs, error, params = [], [], None, None
@@ -180,6 +193,65 @@ class Channel:
         if reply.get("error"):
             raise pb_utils.TritonModelException(reply["error"])
         return reply
+
+
+class ResponseIterator:
+    """The responses of a decoupled BLS call, as they arrive; iterating again after the last one
+    starts over from the first, as Triton's does."""
+
+    def __init__(self, channel):
+        self.channel, self.seq = channel, None
+        self.pending, self.seen, self.finished, self.index = collections.deque(), [], False, 0
+        self.first = None
+
+    def _push(self, msg, blobs):  # runs under channel.cond
+        self.pending.append(bls_response(msg, blobs))
+        self.finished = self.finished or not msg.get("more")
+        if self.first is not None:
+            first, self.first = self.first, None
+            first(self)
+
+    def _on_first(self, done):
+        """Calls done(self) once the first response is in (async_exec)."""
+        channel = self.channel
+        with channel.cond:
+            if self.pending or self.finished:
+                done(self)
+                return
+            channel.async_pending += 1
+
+            def first(it):
+                channel.async_pending -= 1
+                done(it)
+
+            self.first = first
+            if channel.helper is None:
+                channel.helper = threading.Thread(target=channel._read_for_async, daemon=True)
+                channel.helper.start()
+            channel.cond.notify_all()
+
+    def __iter__(self):
+        if self.finished and not self.pending and self.index >= len(self.seen):
+            self.index = 0
+        return self
+
+    def __next__(self):
+        if self.index < len(self.seen):
+            self.index += 1
+            return self.seen[self.index - 1]
+        self.channel.wait_for(lambda: self.pending or self.finished)
+        with self.channel.cond:
+            if not self.pending:
+                raise StopIteration
+            response = self.pending.popleft()
+        self.seen.append(response)
+        self.index = len(self.seen)
+        return response
+
+    def cancel(self):
+        """Cancels the call: the model it calls sees its request cancelled."""
+        if not self.finished and self.seq is not None:
+            self.channel.send({"op": "cancel_infer", "seq": self.seq})
 
 
 def tensor_bytes(t):
@@ -275,6 +347,23 @@ class OutputRegion:
                 pass
 
 
+def describe(error):
+    """An exception as a client reads it: its type and message."""
+    return f"{type(error).__name__}: {error}"
+
+
+def trace_of(error):
+    return "".join(traceback.format_exception(type(error), error, error.__traceback__))
+
+
+def rescheduled(requests):
+    """The requests the model asked to run again (their flags reset for the next run)."""
+    again = [r for r in requests if r.release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE]
+    for r in again:
+        r._release_flags = pb_utils.TRITONSERVER_REQUEST_RELEASE_ALL
+    return again
+
+
 class Stub:
     def __init__(self, channel):
         self.channel, self.model, self.inputs = channel, None, (None, None)
@@ -282,6 +371,7 @@ class Stub:
         self.outputs = OutputRegion(f"{sys.argv[2]}-out" if len(sys.argv) > 2 else f"ferry-py-{os.getpid()}")
         self.loop = None
         self.identity = ("", -1)
+        self.background = set()
 
     def load_module(self, path):
         """model.py as Triton loads it: its folder on sys.path (`import sibling`) and the module
@@ -306,13 +396,27 @@ class Stub:
             config = cls.auto_complete_config(config)
         return {"config": config.as_dict()}
 
+    def event_loop(self):
+        if self.loop is None:
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+        return self.loop
+
     def initialize(self, msg):
         args = msg["args"]
         self.identity = (args.get("model_name", ""), int(args.get("model_version") or -1))
         self.model = self.load_module(msg["model_path"]).TritonPythonModel()
         if hasattr(self.model, "initialize"):
-            self.model.initialize(msg["args"])
+            done = self.model.initialize(msg["args"])
+            if inspect.iscoroutine(done):
+                self.event_loop().run_until_complete(done)
+        self.channel.executing = True
         return {}
+
+    def is_async(self):
+        """Whether execute is a coroutine function: then the process runs an event loop and a
+        decoupled model's batches run concurrently, as in Triton."""
+        return inspect.iscoroutinefunction(getattr(self.model, "execute", None))
 
     def input_view(self, region):
         name, size = region
@@ -324,12 +428,14 @@ class Stub:
                 os.close(fd)
         return self.inputs[1]
 
-    def execute(self, msg):
-        """Runs one batch. Each request: [id, parameters, stream handle, requested outputs,
-        inputs], each input [name, datatype, shape, offset, size] in the input region."""
+    def requests_of(self, msg, decoupled):
+        """The batch's requests, each with the box of what it is answered. Each request: [id,
+        parameters, stream handle, requested outputs, inputs], each input [name, datatype,
+        shape, offset, size] in the input region. A decoupled model's inputs are copied out of
+        it: the model may read them after execute() returns, when the next batch is there."""
         described = msg["requests"]
         area = self.input_view(msg["region"]) if described else None
-        frombuffer, dtypes, requests = np.frombuffer, NUMPY, []
+        frombuffer, dtypes, requests, boxes = np.frombuffer, NUMPY, [], []
         for rid, params, handle, outputs, inputs in described:
             tensors = []
             for name, datatype, shape, offset, size in inputs:
@@ -337,30 +443,210 @@ class Stub:
                 if dtype is None:
                     tensors.append(tensor_from(name, datatype, shape, memoryview(area)[offset:offset + size]))
                 else:
-                    tensors.append(pb_utils.Tensor._wrap(name, frombuffer(area, dtype, size // dtype.itemsize, offset).reshape(shape)))
+                    array = frombuffer(area, dtype, size // dtype.itemsize, offset).reshape(shape)
+                    tensors.append(pb_utils.Tensor._wrap(name, array.copy() if decoupled else array))
+            box = pb_utils._Box(decoupled, handle)
+            boxes.append(box)
             requests.append(pb_utils.InferenceRequest._from_ferry(
-                tensors, outputs, rid, params_text(params), handle, sequence_of(params), self.identity))
-        responses = self.model.execute(requests)
-        if inspect.iscoroutine(responses):
-            if self.loop is None:
-                self.loop = asyncio.new_event_loop()
-            responses = self.loop.run_until_complete(responses)
-        if msg.get("decoupled"):
-            # Responses go through each request's sender, now or later.
-            return {"decoupled": True}
-        if responses is None or len(responses) != len(requests):
-            got = "None" if responses is None else len(responses)
-            raise pb_utils.TritonModelException(
-                f"execute() returned {got} responses for {len(requests)} requests; return one per request")
-        return self.write_responses(responses)
+                tensors, outputs, rid, params_text(params), box, sequence_of(params), self.identity))
+        return requests, boxes
+
+    def run_model(self, requests):
+        """execute() on the requests, and again on those it reschedules; (returned, error) of
+        the first run, what later runs return for the rescheduled ones recorded in their boxes."""
+        returned, error = self.run_once(requests)
+        again = rescheduled(requests) if error is None else []
+        while again:
+            boxes = [r._slot.box for r in again]
+            more, failed = self.run_once(again)
+            if failed is None and not again[0]._slot.box.decoupled:
+                failed = self.record(boxes, more, again)
+            elif failed is None and more is not None:
+                failed = self.not_none()
+            if failed is not None:
+                self.fail(boxes, failed)
+                break
+            again = rescheduled(again)
+        return returned, error
+
+    def run_once(self, requests):
+        try:
+            returned = self.model.execute(requests)
+            if inspect.iscoroutine(returned):
+                returned = self.event_loop().run_until_complete(returned)
+            return returned, None
+        except Exception as e:  # noqa: BLE001 - the model's error goes to its requests
+            return None, e
+
+    def not_none(self):
+        return pb_utils.TritonModelException(
+            f"Python model '{self.identity[0]}' is using the decoupled mode and the execute function must return None.")
+
+    def record(self, boxes, returned, requests):
+        """Records the responses a non-decoupled execute() returned; the error that fails the
+        batch, if the return breaks Triton's rules."""
+        n = len(boxes)
+        if returned is None:
+            return None
+        if not isinstance(returned, (list, tuple)):
+            return pb_utils.TritonModelException(
+                f"Expected a list in the execute return, found type '{type(returned)}'.")
+        if len(returned) != n:
+            return pb_utils.TritonModelException(
+                "Number of InferenceResponse objects do not match the number of InferenceRequest objects. "
+                f"InferenceRequest(s) size is:{n}, and InferenceResponse(s) size is:{len(returned)}")
+        with pb_utils._STATE:
+            for box, response, request in zip(boxes, returned, requests):
+                if response is None:
+                    continue
+                if request.release_flags() == pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE:
+                    return pb_utils.TritonModelException(
+                        "Expected a None object in the execute function return list for reschduled request, "
+                        f"found type '{type(response)}'.")
+                if not isinstance(response, pb_utils.InferenceResponse):
+                    return pb_utils.TritonModelException(
+                        "Expected an 'InferenceResponse' object in the execute function return list, found type "
+                        f"'{type(response)}'.")
+                if box.count > 0:
+                    return pb_utils.TritonModelException(
+                        "Unable to send response. Non-decoupled model cannot send more than one response.")
+                if box.closed:
+                    return pb_utils.TritonModelException("Unable to send response. Response sender has been closed.")
+                box.response, box.count, box.closed = response, 1, True
+                pb_utils._settled(box)
+        return None
+
+    def fail(self, boxes, error):
+        """The batch failed: logged as Triton logs it; every request not yet closed is closed
+        (a decoupled one gets the error as its final response)."""
+        text = f"Failed to process the request(s) for model '{self.identity[0]}', message: {describe(error)}"
+        self.channel.log("ERROR", text)
+        self.channel.log("VERBOSE", trace_of(error))
+        with pb_utils._STATE:
+            for box in boxes:
+                if box.closed:
+                    continue
+                box.closed = True
+                if box.decoupled:
+                    failed = pb_utils.InferenceResponse(error=pb_utils.TritonError(text))
+                    self.channel.respond(box.handle, failed, True)
+                pb_utils._settled(box)
+        return text
+
+    def settle_decoupled(self, boxes, returned, error):
+        if error is None and returned is not None:
+            error = self.not_none()
+        if error is not None:
+            self.fail(boxes, error)
+        for box in boxes:
+            pb_utils._ran(box)
+        return {"decoupled": True}
+
+    def execute(self, msg):
+        decoupled = bool(msg.get("decoupled"))
+        requests, boxes = self.requests_of(msg, decoupled)
+        returned, error = self.run_model(requests)
+        if decoupled:
+            del requests
+            return self.settle_decoupled(boxes, returned, error)
+        if error is None:
+            error = self.record(boxes, returned, requests)
+        del requests, returned
+        if error is None and not all(b.done() for b in boxes):
+            gc.collect()  # requests the model let go of in a cycle are abandoned now
+            with pb_utils._STATE:
+                while not all(b.done() for b in boxes):
+                    pb_utils._STATE.wait()
+        return self.answers(boxes, error)
+
+    async def execute_async(self, msg):
+        decoupled = bool(msg.get("decoupled"))
+        requests, boxes = self.requests_of(msg, decoupled)
+        try:
+            pending = self.model.execute(requests)
+            returned, error = None, None
+        except Exception as e:  # noqa: BLE001
+            pending, error = None, e
+        if decoupled:
+            if error is None and inspect.iscoroutine(pending):
+                # Not awaited: the next batch may start while this one runs.
+                task = asyncio.ensure_future(pending)
+                self.background.add(task)
+                task.add_done_callback(lambda t: self.background_done(t, requests, boxes))
+                return {"decoupled": True}
+            del requests
+            return self.settle_decoupled(boxes, pending, error)
+        if error is None:
+            try:
+                returned = await pending if inspect.iscoroutine(pending) else pending
+            except Exception as e:  # noqa: BLE001
+                error = e
+        if error is None:
+            error = self.record(boxes, returned, requests)
+        again = rescheduled(requests) if error is None else []
+        while again:
+            more, failed = None, None
+            try:
+                more = self.model.execute(again)
+                more = await more if inspect.iscoroutine(more) else more
+                failed = self.record([r._slot.box for r in again], more, again)
+            except Exception as e:  # noqa: BLE001
+                failed = e
+            if failed is not None:
+                self.fail([r._slot.box for r in again], failed)
+                break
+            again = rescheduled(again)
+        del requests, returned, pending
+        if error is None and not all(b.done() for b in boxes):
+            gc.collect()
+            loop, settled = asyncio.get_running_loop(), asyncio.Event()
+
+            def check():
+                if all(b.done() for b in boxes):
+                    settled.set()
+
+            with pb_utils._STATE:
+                for b in boxes:
+                    b.on_done = lambda: loop.call_soon_threadsafe(check)
+            check()
+            await settled.wait()
+        return self.answers(boxes, error)
+
+    def background_done(self, task, requests, boxes):
+        """A decoupled coroutine ended: its error closes what it left open; what it
+        rescheduled runs again."""
+        self.background.discard(task)
+        error = None if task.cancelled() else task.exception()
+        returned = task.result() if error is None and not task.cancelled() else None
+        again = rescheduled(requests) if error is None and returned is None else []
+        self.settle_decoupled(boxes, returned, error)
+        if again:
+            more = self.model.execute(again)
+            if inspect.iscoroutine(more):
+                next_task = asyncio.ensure_future(more)
+                self.background.add(next_task)
+                next_task.add_done_callback(lambda t: self.background_done(t, again, [r._slot.box for r in again]))
+
+    def answers(self, boxes, error):
+        """The reply for a non-decoupled batch once every request is settled."""
+        if error is not None:
+            if not any(b.response is not None for b in boxes):
+                self.fail(boxes, error)
+                return {"error": describe(error), "trace": trace_of(error)}
+            text = self.fail(boxes, error)
+            failed = {"message": text, "code": 1}
+            return self.write_responses([b.response if b.response is not None else failed for b in boxes])
+        missing = {"message": f"model '{self.identity[0]}': execute() gave no response for this request (it returned "
+                              "None for it and its response sender sent none)", "code": 1}
+        return self.write_responses([b.response if b.response is not None else missing for b in boxes])
 
     def write_responses(self, responses):
         """Outputs go to this process's region; each response is [outputs, error, parameters],
-        each output [name, datatype, shape, offset, size]."""
+        each output [name, datatype, shape, offset, size]. An item that is a dict is an error."""
         packed, total = [], 0
         for resp in responses:
             outs = []
-            for t in (resp.output_tensors() if resp is not None else ()):
+            for t in (resp.output_tensors() if not isinstance(resp, dict) else ()):
                 array = t.as_numpy()
                 datatype = WIRE.get(array.dtype)
                 if datatype is None:
@@ -379,16 +665,64 @@ class Stub:
                 area[at:at + size] = data
                 meta.append([name, datatype, shape, at, size])
                 at += (size + 7) & ~7
-            if resp is None:
-                out.append([meta, {"message": "execute() returned None for this request", "code": 1}, None])
+            if isinstance(resp, dict):
+                out.append([meta, resp, None])
                 continue
             out.append([meta, error_json(resp), params_json(resp)])
         return {"region": [self.outputs.name, self.outputs.size], "responses": out}
 
     def finalize(self, msg):
+        self.channel.executing = False
         if self.model is not None and hasattr(self.model, "finalize"):
-            self.model.finalize()
+            try:
+                done = self.model.finalize()
+                if inspect.iscoroutine(done):
+                    self.event_loop().run_until_complete(done)
+            except Exception as e:  # noqa: BLE001 - logged with the model's own message
+                self.channel.log("ERROR", f"Failed to finalize model '{self.identity[0]}': {describe(e)}")
+                self.channel.log("VERBOSE", trace_of(e))
+                raise
         return {}
+
+    # --- a model whose execute is a coroutine function: an event loop runs in this thread ---
+    def serve_async(self):
+        loop, channel = self.event_loop(), self.channel
+
+        def read():
+            while True:
+                try:
+                    msg = channel.next_work()
+                except EOFError:
+                    loop.call_soon_threadsafe(self.dispatch, {"op": "finalize", "eof": True})
+                    return
+                loop.call_soon_threadsafe(self.dispatch, msg)
+                if msg.get("op") == "finalize":
+                    return
+
+        threading.Thread(target=read, daemon=True).start()
+        loop.run_forever()
+
+    def dispatch(self, msg):
+        self.loop.create_task(self.handle_async(msg))
+
+    async def handle_async(self, msg):
+        op = msg["op"]
+        try:
+            if op == "execute":
+                reply = await self.execute_async(msg)
+            elif op == "finalize":
+                if self.background:
+                    await asyncio.wait(list(self.background), timeout=5)
+                reply = self.finalize(msg)
+            else:
+                raise pb_utils.TritonModelException(f"unexpected call '{op}'")
+            reply["op"] = "done"
+        except Exception as e:  # noqa: BLE001 - every failure goes back to ferry, named
+            reply = {"op": "done", "error": describe(e), "trace": trace_of(e)}
+        if not msg.get("eof"):
+            self.channel.send(reply)
+        if op == "finalize":
+            self.loop.stop()
 
 
 def main():
@@ -402,16 +736,22 @@ def main():
             try:
                 msg = channel.next_work()
             except EOFError:
-                stub.finalize({})
+                try:
+                    stub.finalize({})
+                except Exception:  # noqa: BLE001 - logged by finalize
+                    pass
                 break
             op = msg["op"]
             try:
                 reply = getattr(stub, op)(msg)
                 reply["op"] = "done"
             except Exception as e:  # noqa: BLE001 - every failure goes back to ferry, named
-                reply = {"op": "done", "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()}
+                reply = {"op": "done", "error": describe(e), "trace": trace_of(e)}
             channel.send(reply)
             if op in ("finalize", "auto_complete"):
+                break
+            if op == "initialize" and "error" not in reply and stub.is_async():
+                stub.serve_async()
                 break
     finally:
         stub.outputs.drop()
