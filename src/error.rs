@@ -17,11 +17,14 @@ pub enum ErrorKind {
     Overloaded,
     /// The request took longer than the server allows (a body read deadline).
     Timeout,
+    /// What a model reported as TRITONSERVER_ERROR_UNKNOWN.
+    Unknown,
 }
 
 /// gRPC status codes, by number (front-ends convert them to their framework's type).
 pub mod grpc_code {
     pub const CANCELLED: i32 = 1;
+    pub const UNKNOWN: i32 = 2;
     pub const INVALID_ARGUMENT: i32 = 3;
     pub const NOT_FOUND: i32 = 5;
     pub const ALREADY_EXISTS: i32 = 6;
@@ -47,6 +50,7 @@ impl ErrorKind {
             ErrorKind::PayloadTooLarge => (413, grpc_code::RESOURCE_EXHAUSTED),
             ErrorKind::Overloaded => (503, grpc_code::RESOURCE_EXHAUSTED),
             ErrorKind::Timeout => (408, grpc_code::DEADLINE_EXCEEDED),
+            ErrorKind::Unknown => (400, grpc_code::UNKNOWN),
         }
     }
 }

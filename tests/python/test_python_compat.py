@@ -279,3 +279,44 @@ def test_a_python_based_backend_runs_models_that_name_it(tmp_path):
         assert client.get_model_metadata("plus_one")["platform"] == "adder"
         reason = {m["name"]: m for m in client.get_model_repository_index()}["nowhere"]["reason"]
         assert "backend 'vllm' is not served" in reason and "--backend-directory" in reason, reason
+
+
+# Answers each request with the TritonError code it names.
+ERROR_CODES = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            name = pb_utils.get_input_tensor_by_name(r, "IN").as_numpy().reshape(-1)[0].decode()
+            if name == "default":
+                error = pb_utils.TritonError("no code given")
+            else:
+                error = pb_utils.TritonError(f"code {name}", getattr(pb_utils.TritonError, name))
+            out.append(pb_utils.InferenceResponse(error=error))
+        return out
+'''
+
+
+@pytest.mark.parametrize("code,grpc_status,http_status", [
+    ("UNKNOWN", "StatusCode.UNKNOWN", 400), ("INTERNAL", "StatusCode.INTERNAL", 500),
+    ("NOT_FOUND", "StatusCode.NOT_FOUND", 404), ("INVALID_ARG", "StatusCode.INVALID_ARGUMENT", 400),
+    ("UNAVAILABLE", "StatusCode.UNAVAILABLE", 503), ("UNSUPPORTED", "StatusCode.UNIMPLEMENTED", 501),
+    ("ALREADY_EXISTS", "StatusCode.ALREADY_EXISTS", 400), ("CANCELLED", "StatusCode.CANCELLED", 400),
+    ("default", "StatusCode.INTERNAL", 500),
+])
+def test_a_python_error_keeps_its_triton_code(tmp_path, code, grpc_status, http_status):
+    repo = str(tmp_path)
+    models.python_model(repo, "coded", ERROR_CODES, IO.replace("TYPE_INT32", "TYPE_STRING"))
+    with Server(["--model-repository", repo]) as s:
+        for lib, client in ((grpcclient, s.grpc_client()), (httpclient, s.client())):
+            x = lib.InferInput("IN", [1], "BYTES").set_data_from_numpy(np.array([code.encode()], dtype=np.object_))
+            with pytest.raises(Exception) as e:
+                client.infer("coded", [x])
+            if lib is grpcclient:
+                assert e.value.status() == grpc_status, e.value
+            else:
+                assert e.value.status() == str(http_status), e.value

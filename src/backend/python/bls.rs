@@ -145,6 +145,7 @@ fn error_json(e: &Error) -> Value {
         crate::error::ErrorKind::Unsupported => 5,
         crate::error::ErrorKind::AlreadyExists => 6,
         crate::error::ErrorKind::Cancelled => 7,
+        crate::error::ErrorKind::Unknown => 0,
         _ => 1,
     };
     json!({"message": e.message(), "code": code})

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use super::{Launch, bls, link::Link, process::MAX_MESSAGE};
 use crate::{
     backend::{Answer, BackendInput, BackendRequest, ModelInstance},
-    error::{Error, ErrorKind, Result},
+    error::{Error, Result},
     tensor::{DataType, Tensor},
 };
 
@@ -75,21 +75,6 @@ pub struct PythonInstance {
     inputs: Region,
     /// The process's output region, opened by name.
     outputs: Option<(String, File, u64)>,
-}
-
-/// A response's error as the model set it (`TritonError` and its code).
-fn error_of(e: &Value) -> Error {
-    let message = e["message"].as_str().unwrap_or("the model reported an error").to_string();
-    let kind = match e["code"].as_u64() {
-        Some(2) => ErrorKind::NotFound,
-        Some(3) => ErrorKind::InvalidArgument,
-        Some(4) => ErrorKind::Unavailable,
-        Some(5) => ErrorKind::Unsupported,
-        Some(6) => ErrorKind::AlreadyExists,
-        Some(7) => ErrorKind::Cancelled,
-        _ => ErrorKind::InvalidArgument,
-    };
-    Error::new(kind, message)
 }
 
 impl PythonInstance {
@@ -168,7 +153,7 @@ impl PythonInstance {
                     outputs: described(resp).iter().map(tensor).collect::<Result<_>>()?,
                     parameters: bls::params_of(&resp[2]),
                 }),
-                e => Err(error_of(e)),
+                e => Err(super::link::error_of(e)),
             })
             .collect())
     }

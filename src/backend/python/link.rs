@@ -21,7 +21,7 @@ use super::{
     process::{Message, Process, Writer, read_message},
 };
 use crate::{
-    error::{Error, Result},
+    error::{Error, ErrorKind, Result},
     request::{Context, StreamTx, Streamed},
     tensor::{DataType, Tensor},
 };
@@ -165,6 +165,22 @@ fn read_loop(
     }
 }
 
+/// A response's error as the model set it (`TritonError` and its code, INTERNAL by default).
+pub fn error_of(e: &Value) -> Error {
+    let message = e["message"].as_str().unwrap_or("the model reported an error").to_string();
+    let kind = match e["code"].as_u64() {
+        Some(0) => ErrorKind::Unknown,
+        Some(2) => ErrorKind::NotFound,
+        Some(3) => ErrorKind::InvalidArgument,
+        Some(4) => ErrorKind::Unavailable,
+        Some(5) => ErrorKind::Unsupported,
+        Some(6) => ErrorKind::AlreadyExists,
+        Some(7) => ErrorKind::Cancelled,
+        _ => ErrorKind::Internal,
+    };
+    Error::new(kind, message)
+}
+
 /// A decoupled model's response: to its request's stream; the final one closes it.
 fn stream_response(model: &str, streams: &Streams, msg: &Value, blobs: Vec<Vec<u8>>) {
     let handle = msg["handle"].as_u64().unwrap_or(0);
@@ -183,7 +199,7 @@ fn stream_response(model: &str, streams: &Streams, msg: &Value, blobs: Vec<Vec<u
             parameters: bls::params_of(&msg["parameters"]),
             last,
         }),
-        e => Err(Error::invalid(e["message"].as_str().unwrap_or("the model reported an error").to_string())),
+        e => Err(error_of(e)),
     };
     // A client that left (or fell too far behind) cannot be told; the model sees it through
     // is_cancelled(), and what it sends after is dropped here.
