@@ -39,6 +39,15 @@ def wordpiece(path):
     tok.save(path)
 
 
+def saved_sizing(path, **padding):
+    """A wordpiece tokenizer.json that saves truncation at 8 tokens and its own padding."""
+    wordpiece(path)
+    tok = tokenizers.Tokenizer.from_file(path)
+    tok.enable_truncation(8)
+    tok.enable_padding(pad_id=tok.token_to_id("[PAD]"), pad_token="[PAD]", **padding)
+    tok.save(path)
+
+
 def byte_bpe(path):
     from tokenizers import Tokenizer, decoders, models as tm, pre_tokenizers, trainers
     tok = Tokenizer(tm.BPE())
@@ -76,6 +85,9 @@ def server(tmp_path_factory):
     wordpiece(model(repo, "bert", {}, text, IDS64))
     wordpiece(model(repo, "bert_pairs", {}, pair, IDS64))
     wordpiece(model(repo, "bert_16", {"max_length": 16, "padding": "max_length"}, text, IDS64))
+    saved_sizing(model(repo, "bert_saved_fixed", {}, text, IDS64), length=10)
+    saved_sizing(model(repo, "bert_saved_multiple", {}, text, IDS64), pad_to_multiple_of=5)
+    saved_sizing(model(repo, "bert_saved_overridden", {"max_length": 12}, text, IDS64), length=10)
     byte_bpe(model(repo, "bpe", {"input_ids": "IDS", "add_special_tokens": "false"},
                    '{ name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] }',
                    '{ name: "IDS" data_type: TYPE_INT32 dims: [ -1 ] }', max_batch_size=8))
@@ -122,6 +134,32 @@ def test_sentence_pairs_and_fixed_length(server):
     assert r.as_numpy("input_ids").shape == (len(TEXTS), 16)
     assert r.as_numpy("input_ids").tolist() == [e.ids for e in want]
     assert r.as_numpy("attention_mask").tolist() == [e.attention_mask for e in want]
+
+
+@pytest.mark.parametrize("name", ["bert_saved_fixed", "bert_saved_multiple"])
+def test_the_truncation_and_padding_the_file_saved_hold_without_parameters(server, name):
+    ref = reference(server, name)
+    assert ref.truncation["max_length"] == 8, "the file itself truncates"
+    r = server.client().infer(name, [strings(httpclient, "TEXT", TEXTS)])
+    want = ref.encode_batch(TEXTS)
+    assert r.as_numpy("input_ids").tolist() == [e.ids for e in want]
+    assert r.as_numpy("attention_mask").tolist() == [e.attention_mask for e in want]
+    # Padded to 10: the fixed length, or the longest (8, the truncation) rounded up to 5's multiple.
+    assert r.as_numpy("input_ids").shape[1] == 10
+
+
+def test_a_max_length_parameter_overrides_the_files_truncation(server):
+    ref = reference(server, "bert_saved_overridden")
+    ref.enable_truncation(12)
+    r = server.client().infer("bert_saved_overridden", [strings(httpclient, "TEXT", TEXTS)])
+    want = ref.encode_batch(TEXTS)
+    # The library leaves a text over the fixed 10 at its 12 tokens; ferry pads the others to 12
+    # too, so that the request's rows make one tensor.
+    pad = ref.token_to_id("[PAD]")
+    got = r.as_numpy("input_ids").tolist()
+    assert max(len(e.ids) for e in want) == 12 and all(len(row) == 12 for row in got)
+    assert [row[:len(e.ids)] for row, e in zip(got, want)] == [e.ids for e in want]
+    assert all(set(row[len(e.ids):]) <= {pad} for row, e in zip(got, want))
 
 
 def test_byte_level_bpe_batched_and_decoded_back(server):

@@ -5,7 +5,8 @@
 //!   pairs; `dims: [ 1 ]` is one text per row and gives `[rows, tokens]`, other dims get the
 //!   tokens added as a last dimension), token ids, attention mask and token type ids out (the outputs named by the
 //!   `input_ids`, `attention_mask` and `token_type_ids` parameters, those names by default;
-//!   INT64 or INT32 as the config declares). `padding`: `longest` (the longest text of the
+//!   INT64 or INT32 as the config declares). The truncation and padding tokenizer.json saved
+//!   hold unless parameters override them: `padding`: `longest` (the longest text of the
 //!   request) or `max_length`; `max_length` truncates (and pads, with `padding: max_length`);
 //!   `add_special_tokens` (true). What a request may cost is bounded: `max_tokens` (2^20) per
 //!   request, padding included; a text longer than truncation needs is cut at a word before it
@@ -16,7 +17,10 @@
 //! Each request is tokenised on its own, so its padding never depends on what it was batched with.
 use std::path::Path;
 
-use tokenizers::{Tokenizer, utils::truncation::TruncationParams};
+use tokenizers::{
+    PaddingStrategy, Tokenizer,
+    utils::truncation::{TruncationDirection, TruncationParams},
+};
 
 use super::{Params, bytes_tensor, in_order};
 use crate::{
@@ -47,6 +51,59 @@ const KEYS: &[&str] = &[
     "token_type_ids",
     "max_tokens",
 ];
+
+/// Longest truncation or fixed padding taken from a parameter or a tokenizer.json.
+const MAX_LENGTH: usize = 1 << 20;
+
+/// Truncation and fixed padding (`Some(length)`, and the multiple to round up to): the
+/// `max_length` and `padding` parameters where given, else what the tokenizer.json saved.
+fn sizing(p: &Params<'_>, tok: &Tokenizer, model: &str) -> Result<(Option<TruncationParams>, Fixed)> {
+    let multiple = tok.get_padding().and_then(|p| p.pad_to_multiple_of).filter(|&m| m > 0 && m <= MAX_LENGTH);
+    let truncation = match p.text("max_length") {
+        Some(_) => {
+            let n = p.number("max_length", 0usize, 0..=MAX_LENGTH)?;
+            (n > 0).then(|| TruncationParams { max_length: n, ..Default::default() })
+        }
+        None => match tok.get_truncation() {
+            Some(t) if t.max_length > MAX_LENGTH => {
+                return Err(Error::invalid(format!(
+                    "model '{model}': the tokenizer's truncation max_length {} is over {MAX_LENGTH}",
+                    t.max_length
+                )));
+            }
+            t => t.cloned(),
+        },
+    };
+    let fixed = match p.choice("padding", None, &[("longest", Some(false)), ("max_length", Some(true))])? {
+        Some(true) => match truncation.as_ref() {
+            Some(t) => Some(t.max_length),
+            None => {
+                return Err(Error::invalid(format!(
+                    "model '{model}': parameter 'padding' is 'max_length'; it needs 'max_length'"
+                )));
+            }
+        },
+        Some(false) => None,
+        None => match tok.get_padding().map(|p| &p.strategy) {
+            Some(PaddingStrategy::Fixed(n)) if *n > MAX_LENGTH => {
+                return Err(Error::invalid(format!(
+                    "model '{model}': the tokenizer pads to {n} tokens, over {MAX_LENGTH}"
+                )));
+            }
+            Some(PaddingStrategy::Fixed(n)) => Some(*n),
+            _ => None,
+        },
+    };
+    Ok((truncation, Fixed { length: fixed, multiple }))
+}
+
+/// How an encoded request is padded: to `length` tokens at least (else to its longest text),
+/// rounded up to a `multiple`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fixed {
+    pub length: Option<usize>,
+    pub multiple: Option<usize>,
+}
 
 enum Direction {
     Encode(Encode),
@@ -110,15 +167,11 @@ impl Backend for TokenizerBackend {
                 longest,
             }
         } else {
-            let max_length = p.number("max_length", 0usize, 0..=1 << 20)?;
-            let fixed = p.choice("padding", false, &[("longest", false), ("max_length", true)])?;
-            if fixed && max_length == 0 {
-                return Err(Error::invalid(format!(
-                    "model '{}': parameter 'padding' is 'max_length'; it needs 'max_length'",
-                    config.name
-                )));
-            }
-            let truncation = (max_length > 0).then(|| TruncationParams { max_length, ..Default::default() });
+            // The file's own truncation and padding hold unless a parameter overrides them, as
+            // the Python library keeps what tokenizer.json saved.
+            let (truncation, fixed) = sizing(&p, &tokenizer, &config.name)?;
+            let max_length = truncation.as_ref().map_or(0, |t| t.max_length);
+            let cut_from_end = truncation.as_ref().is_none_or(|t| matches!(t.direction, TruncationDirection::Right));
             tokenizer.with_truncation(truncation).map_err(|e| fail(e.to_string()))?;
             // The file's own pad id and side, written into the outputs once their size is checked.
             let pad = encode::pad_of(&tokenizer);
@@ -133,7 +186,7 @@ impl Backend for TokenizerBackend {
                 max_length,
                 fixed,
                 pad,
-                cuttable: tokenizer.get_pre_tokenizer().is_some(),
+                cuttable: tokenizer.get_pre_tokenizer().is_some() && cut_from_end,
                 max_tokens: p.number("max_tokens", 1usize << 20, 1..=1 << 28)?,
             };
             if e.ids.is_none() && e.mask.is_none() && e.types.is_none() {

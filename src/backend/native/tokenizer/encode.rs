@@ -45,8 +45,8 @@ pub struct Encode {
     pub types: Output,
     /// Tokens kept per text (0: all).
     pub max_length: usize,
-    /// Every text padded to `max_length` (else to the request's longest).
-    pub fixed: bool,
+    /// The length every text is padded to (else to the request's longest).
+    pub fixed: super::Fixed,
     pub pad: Pad,
     /// The tokenizer splits words before its model runs: a text may be cut at a word.
     pub cuttable: bool,
@@ -122,10 +122,9 @@ impl Encode {
         let encodings = tok
             .encode_batch_fast(batch, self.add_special_tokens)
             .map_err(|e| Error::invalid(format!("tokenizing failed: {e}")))?;
-        let len = match self.fixed {
-            true => self.max_length,
-            false => encodings.iter().map(|e| e.get_ids().len()).max().unwrap_or(0),
-        };
+        let longest = encodings.iter().map(|e| e.get_ids().len()).max().unwrap_or(0);
+        let len = self.fixed.length.map_or(longest, |n| n.max(longest));
+        let len = self.fixed.multiple.map_or(len, |m| len.div_ceil(m) * m);
         let total = encodings.len().saturating_mul(len);
         if total > self.max_tokens {
             return Err(Error::invalid(format!(
