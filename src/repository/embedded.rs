@@ -2,6 +2,8 @@
 //! --model-repository is given.
 use std::path::Path;
 
+use crate::proto::inference::model_config::SchedulingChoice;
+
 mod files {
     include!(concat!(env!("OUT_DIR"), "/embedded_examples.rs"));
 }
@@ -18,16 +20,38 @@ pub fn extract(dir: &Path) -> std::io::Result<usize> {
     Ok(files::FILES.len())
 }
 
-/// Removes the example models that need Python (Python models, and the ensembles that run
-/// them) from an extracted repository; returns their names.
+/// Removes the example models that need Python (Python models, and the ensembles that run one,
+/// directly or through another ensemble) from an extracted repository; returns their names.
+/// Pipelines without a Python step stay.
 pub fn drop_python_examples(dir: &Path) -> Vec<String> {
-    let mut dropped = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let config = std::fs::read_to_string(entry.path().join("config.pbtxt")).unwrap_or_default();
-        if config.contains("backend: \"python\"") || config.contains("platform: \"ensemble\"") {
-            let _ = std::fs::remove_dir_all(entry.path());
-            dropped.push(entry.file_name().to_string_lossy().to_string());
+    let configs: Vec<(String, crate::proto::inference::ModelConfig)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let text = std::fs::read_to_string(entry.path().join("config.pbtxt")).ok()?;
+            Some((entry.file_name().to_string_lossy().to_string(), super::pbtxt::parse(&text).ok()?))
+        })
+        .collect();
+    let mut dropped: Vec<String> =
+        configs.iter().filter(|(_, c)| c.backend == "python").map(|(name, _)| name.clone()).collect();
+    loop {
+        let runs_dropped = |c: &crate::proto::inference::ModelConfig| {
+            matches!(&c.scheduling_choice, Some(SchedulingChoice::EnsembleScheduling(e))
+                if e.step.iter().any(|s| dropped.contains(&s.model_name)))
+        };
+        let more: Vec<String> = configs
+            .iter()
+            .filter(|(name, c)| !dropped.contains(name) && runs_dropped(c))
+            .map(|(name, _)| name.clone())
+            .collect();
+        if more.is_empty() {
+            break;
         }
+        dropped.extend(more);
+    }
+    for name in &dropped {
+        let _ = std::fs::remove_dir_all(dir.join(name));
     }
     dropped.sort();
     dropped
@@ -43,5 +67,16 @@ mod tests {
         for (rel, bytes) in super::files::FILES {
             assert_eq!(std::fs::read(dir.path().join(rel)).unwrap(), *bytes);
         }
+    }
+
+    #[test]
+    fn only_pipelines_with_a_python_step_are_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        super::extract(dir.path()).unwrap();
+        let dropped = super::drop_python_examples(dir.path());
+        assert!(dropped.contains(&"text_classifier".to_string()), "{dropped:?}");
+        assert!(dropped.contains(&"text_classifier_pre".to_string()), "{dropped:?}");
+        assert!(!dropped.iter().any(|d| d.starts_with("color_match")), "{dropped:?}");
+        assert!(dir.path().join("color_match").is_dir() && !dir.path().join("text_classifier").exists());
     }
 }

@@ -263,3 +263,5 @@ def test_the_embedded_pipeline_example_serves_or_is_skipped_with_one_line():
         assert len(lines) == 1 and "text_classifier" in lines[0], s.log()
         index = [m["name"] for m in s.client().get_model_repository_index()]
         assert "text_classifier" not in index and "simple" in index
+        # The pipeline with no Python step stays.
+        assert "color_match" not in lines[0] and s.client().is_model_ready("color_match")
