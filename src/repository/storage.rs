@@ -168,7 +168,60 @@ impl CredentialProvider for AwsChain {
     }
 }
 
-async fn s3(bucket: &str, s: &StorageSettings) -> Result<Opened, String> {
+/// Where a repository URL points, in the forms Triton reads: `s3://bucket/path`,
+/// `s3://host:port/bucket/path` and `s3://https://host[:port]/bucket/path` (S3-compatible
+/// stores: http unless the URL says https), `gs://bucket/path`, `as://account/container/path`
+/// (Azure, Triton's) and `az://container/path` (the account from the environment).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Location {
+    pub scheme: &'static str,
+    /// An S3-compatible endpoint the URL names, or the Azure account.
+    pub host: Option<String>,
+    pub bucket: String,
+    pub prefix: String,
+}
+
+impl Location {
+    pub fn parse(url: &str) -> Result<Location, String> {
+        let (scheme, rest) = url.split_once("://").ok_or_else(|| format!("'{url}' is not a storage URL"))?;
+        let scheme = match scheme {
+            "s3" => "s3",
+            "gs" => "gs",
+            "az" => "az",
+            "as" => "as",
+            other => return Err(format!("'{other}://' repositories are not supported (gs://, s3://, as://, az://)")),
+        };
+        let (mut host, mut rest) = (None, rest);
+        if scheme == "s3" {
+            let explicit = ["https://", "http://"].into_iter().find(|p| rest.starts_with(p));
+            let first = rest[explicit.map_or(0, str::len)..].split('/').next().unwrap_or_default();
+            if explicit.is_some() || first.contains(':') {
+                if first.is_empty() {
+                    return Err(format!("'{url}' names no S3 host"));
+                }
+                host = Some(format!("{}{first}", explicit.unwrap_or("http://")));
+                rest = rest[explicit.map_or(0, str::len) + first.len()..].trim_start_matches('/');
+            }
+        } else if scheme == "as" {
+            let (account, after) = rest.split_once('/').unwrap_or((rest, ""));
+            if account.is_empty() {
+                return Err(format!("'{url}' names no Azure storage account"));
+            }
+            host = Some(account.to_string());
+            rest = after;
+        }
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() || bucket.contains(':') {
+            return Err(format!("'{url}' names no bucket"));
+        }
+        Ok(Location { scheme, host, bucket: bucket.to_string(), prefix: prefix.trim_matches('/').to_string() })
+    }
+}
+
+async fn s3(bucket: &str, endpoint: Option<&str>, s: &StorageSettings) -> Result<Opened, String> {
+    // An endpoint the URL names wins over --s3-endpoint.
+    let s =
+        &StorageSettings { s3_endpoint: endpoint.map(str::to_string).or_else(|| s.s3_endpoint.clone()), ..s.clone() };
     let mut b = AmazonS3Builder::new().with_bucket_name(bucket).with_retry(retry(s.retries));
     let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await;
     let region = match (&s.s3_region, sdk.region(), &s.s3_endpoint) {
@@ -244,39 +297,46 @@ fn gcs(bucket: &str, s: &StorageSettings) -> Result<Opened, String> {
     Ok((Arc::new(store), principal, Some(checksums)))
 }
 
-fn azure(account_and_container: &str, s: &StorageSettings) -> Result<Opened, String> {
-    let mut b =
-        MicrosoftAzureBuilder::from_env().with_container_name(account_and_container).with_retry(retry(s.retries));
-    if s.anonymous {
-        b = b.with_skip_signature(true);
+/// Azure Blob Storage: the account from the URL (`as://`) or AZURE_STORAGE_ACCOUNT, the key from
+/// AZURE_STORAGE_KEY (Triton's variables) or object_store's own, else the default credential
+/// chain (managed identity, workload identity, the Azure CLI).
+fn azure(account: Option<&str>, container: &str, s: &StorageSettings) -> Result<Opened, String> {
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let mut b = MicrosoftAzureBuilder::from_env().with_container_name(container).with_retry(retry(s.retries));
+    let account = account.map(str::to_string).or_else(|| env("AZURE_STORAGE_ACCOUNT"));
+    if let Some(a) = &account {
+        b = b.with_account(a);
     }
-    let store = b.build().map_err(|e| format!("cannot open az://{account_and_container}: {e}"))?;
-    Ok((Arc::new(store), "Azure default credentials".to_string(), None))
+    let principal = if s.anonymous {
+        b = b.with_skip_signature(true);
+        "anonymous (--storage-anonymous)".to_string()
+    } else if let Some(key) = env("AZURE_STORAGE_KEY") {
+        b = b.with_access_key(key);
+        format!("the account key of '{}'", account.as_deref().unwrap_or("?"))
+    } else {
+        "Azure default credentials".to_string()
+    };
+    let store = b.build().map_err(|e| format!("cannot open Azure container '{container}': {e}"))?;
+    Ok((Arc::new(store), principal, None))
 }
 
 impl Remote {
     /// Whether a repository location is in object storage.
     pub fn is_remote(url: &str) -> bool {
-        ["gs://", "s3://", "az://"].iter().any(|p| url.starts_with(p))
+        ["gs://", "s3://", "az://", "as://"].iter().any(|p| url.starts_with(p))
     }
 
     pub async fn open(url: &str, s: &StorageSettings) -> Result<Remote, String> {
-        let (scheme, rest) = url.split_once("://").ok_or_else(|| format!("'{url}' is not a storage URL"))?;
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        if bucket.is_empty() {
-            return Err(format!("'{url}' names no bucket"));
-        }
-        let (store, principal, checksums) = match scheme {
-            "s3" => s3(bucket, s).await?,
-            "gs" => gcs(bucket, s)?,
-            "az" => azure(bucket, s)?,
-            other => return Err(format!("'{other}://' repositories are not supported (gs://, s3://, az://)")),
+        let at = Location::parse(url)?;
+        let (store, principal, checksums) = match at.scheme {
+            "s3" => s3(&at.bucket, at.host.as_deref(), s).await?,
+            "gs" => gcs(&at.bucket, s)?,
+            _ => azure(at.host.as_deref(), &at.bucket, s)?,
         };
-        let prefix = prefix.trim_matches('/').to_string();
         Ok(Remote {
             url: url.trim_end_matches('/').to_string(),
-            bucket: bucket.to_string(),
-            prefix,
+            bucket: at.bucket,
+            prefix: at.prefix,
             store,
             principal,
             settings: s.clone(),
@@ -499,6 +559,32 @@ pub fn md5_hex(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_in_tritons_forms() {
+        let at = |url: &str| Location::parse(url).map(|l| (l.scheme, l.host, l.bucket, l.prefix));
+        let some = |s: &str| Some(s.to_string());
+        assert_eq!(at("s3://bucket/a/b/"), Ok(("s3", None, "bucket".into(), "a/b".into())));
+        assert_eq!(at("s3://bucket"), Ok(("s3", None, "bucket".into(), "".into())));
+        assert_eq!(
+            at("s3://minio:9000/models/repo"),
+            Ok(("s3", some("http://minio:9000"), "models".into(), "repo".into()))
+        );
+        assert_eq!(
+            at("s3://https://minio.local:443/models/"),
+            Ok(("s3", some("https://minio.local:443"), "models".into(), "".into()))
+        );
+        assert_eq!(at("s3://http://10.0.0.1:80/b/p"), Ok(("s3", some("http://10.0.0.1:80"), "b".into(), "p".into())));
+        assert_eq!(at("as://acct/container/path"), Ok(("as", some("acct"), "container".into(), "path".into())));
+        assert_eq!(at("az://container/path"), Ok(("az", None, "container".into(), "path".into())));
+        assert_eq!(at("gs://b/p"), Ok(("gs", None, "b".into(), "p".into())));
+        for bad in ["s3://", "s3://host:9000", "s3://https://", "as://", "as://acct", "ftp://x/y", "gs:///p", "nothing"]
+        {
+            assert!(Location::parse(bad).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn public_reasons_hide_buckets_and_identities() {
         let full = "download of model 'm' failed: reading object 'repo/m/1/model.onnx' in bucket 'secret-models' \

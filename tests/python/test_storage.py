@@ -304,3 +304,18 @@ def test_soak_version_swaps_under_load_fail_nothing(bucket, tmp_path):
         print(f"soak: {swaps} swaps, {total} requests, none failed")
         assert total > 100
         assert "failed to load" not in s.log()
+
+
+@pytest.mark.parametrize("form", ["s3://{host}/{bucket}/{prefix}", "s3://http://{host}/{bucket}/{prefix}"])
+def test_an_s3_compatible_store_named_in_the_url_as_triton_writes_it(tmp_path, form):
+    storage = StorageServer("s3")
+    try:
+        bucket = storage.bucket("triton-form")
+        upload_version(bucket, "repo", tmp_path, 1)
+        url = form.format(host=bucket.endpoint.removeprefix("http://"), bucket=bucket.name, prefix="repo")
+        # No --s3-endpoint: the URL alone says where the store is.
+        with Server(["--model-repository", url, "--storage-retries=1", f"--model-cache-dir={tmp_path / 'cache'}"],
+                    env=bucket.server_env()) as s:
+            assert served_version(s.client()) == (1, 1)
+    finally:
+        storage.stop()
