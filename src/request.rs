@@ -226,7 +226,9 @@ pub const STREAM_BACKLOG_BYTES: u64 = 64 << 20;
 struct Backlog {
     bytes: AtomicU64,
     behind: AtomicBool,
-    ticket: Option<Arc<Ticket>>,
+    /// Given up once the receiving end is gone: a model that keeps a sender of a request whose
+    /// client left holds no admission budget with it.
+    ticket: arc_swap::ArcSwapOption<Ticket>,
 }
 
 /// Where a decoupled model's responses for one request go: a bounded backlog. A client that
@@ -252,7 +254,11 @@ fn streamed_bytes(item: &crate::error::Result<Streamed>) -> u64 {
 impl StreamTx {
     pub fn channel(ticket: Option<Arc<Ticket>>) -> (StreamTx, StreamRx) {
         let (tx, rx) = tokio::sync::mpsc::channel(STREAM_BACKLOG);
-        let backlog = Arc::new(Backlog { bytes: AtomicU64::new(0), behind: AtomicBool::new(false), ticket });
+        let backlog = Arc::new(Backlog {
+            bytes: AtomicU64::new(0),
+            behind: AtomicBool::new(false),
+            ticket: arc_swap::ArcSwapOption::new(ticket),
+        });
         (StreamTx { tx, backlog: Arc::clone(&backlog) }, StreamRx { rx, backlog })
     }
 
@@ -267,12 +273,13 @@ impl StreamTx {
         // One response bigger than the backlog goes when nothing else waits (the budget and the
         // message limit bound it).
         let fits = before == 0 || before + n <= STREAM_BACKLOG_BYTES;
-        let charged = self.backlog.ticket.as_ref().is_none_or(|t| t.grow(n).is_ok());
+        let ticket = self.backlog.ticket.load_full();
+        let charged = ticket.as_ref().is_none_or(|t| t.grow(n).is_ok());
         if fits && charged && self.tx.try_send(item).is_ok() {
             return true;
         }
         self.backlog.bytes.fetch_sub(n, Ordering::AcqRel);
-        if charged && let Some(t) = &self.backlog.ticket {
+        if charged && let Some(t) = &ticket {
             t.shrink(n);
         }
         if !self.tx.is_closed() {
@@ -296,13 +303,19 @@ impl StreamRx {
         let item = self.rx.recv().await?;
         let n = streamed_bytes(&item);
         self.backlog.bytes.fetch_sub(n, Ordering::AcqRel);
-        let charge = Charge { ticket: self.backlog.ticket.clone(), bytes: n };
+        let charge = Charge { ticket: self.backlog.ticket.load_full(), bytes: n };
         Some((item, charge))
     }
 
     /// The client fell too far behind: the stream was cut short.
     pub fn fell_behind(&self) -> bool {
         self.backlog.behind.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for StreamRx {
+    fn drop(&mut self) {
+        self.backlog.ticket.store(None);
     }
 }
 

@@ -118,6 +118,13 @@ impl Engine {
                                  {STREAM_BACKLOG_BYTES} bytes; the stream was ended and the model told the request is cancelled"
                             ),
                         )),
+                        // Every sender gone before the model took the request: its reply
+                        // says why (a process that died while it waited).
+                        None if !accepted => break match (&mut taken).await {
+                            Ok(Err(e)) => Err(e),
+                            Ok(Ok(_)) => Err(Error::internal(format!("model '{name}' ended the request without a response"))),
+                            Err(_) => Err(Error::internal(format!("model '{name}': the instance failed"))),
+                        },
                         None => break Ok(()),
                     },
                     () = out.closed() => {

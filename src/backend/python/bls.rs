@@ -151,9 +151,28 @@ fn error_json(e: &Error) -> Value {
     json!({"message": e.message(), "code": code})
 }
 
+/// Writes to the process off the runtime's workers: a process that does not read its socket
+/// for a while (busy in `execute`) blocks a thread of the blocking pool, never the server.
+async fn send_off_runtime(writer: &Writer, msg: Value, blobs: Vec<Bytes>) -> bool {
+    let writer = writer.clone();
+    let sent = tokio::task::spawn_blocking(move || {
+        let blobs: Vec<&[u8]> = blobs.iter().map(|b| &b[..]).collect();
+        writer.send(&msg, &blobs)
+    })
+    .await;
+    match sent {
+        Ok(Ok(())) => true,
+        Ok(Err(e)) => {
+            tracing::debug!(error = %e, "cannot answer a BLS call (the process is gone)");
+            false
+        }
+        Err(_) => false,
+    }
+}
+
 /// Answers a BLS call; `more`: further responses of the same call follow.
-fn infer_reply(seq: &Value, outcome: Result<InferResponse>, writer: &Writer, more: bool) -> bool {
-    let sent = match outcome {
+async fn infer_reply(seq: &Value, outcome: Result<InferResponse>, writer: &Writer, more: bool) -> bool {
+    let (msg, blobs) = match outcome {
         Ok(resp) => {
             let meta: Vec<Value> = resp
                 .outputs
@@ -162,17 +181,12 @@ fn infer_reply(seq: &Value, outcome: Result<InferResponse>, writer: &Writer, mor
                 .collect();
             let parameters: serde_json::Map<String, Value> =
                 resp.parameters.iter().map(|(k, v)| (k.clone(), param_json(v))).collect();
-            let blobs: Vec<&[u8]> = resp.outputs.iter().map(|t| &t.data[..]).collect();
-            let msg =
-                json!({"op": "infer_result", "seq": seq, "outputs": meta, "parameters": parameters, "more": more});
-            writer.send(&msg, &blobs)
+            let blobs = resp.outputs.into_iter().map(|t| t.data).collect();
+            (json!({"op": "infer_result", "seq": seq, "outputs": meta, "parameters": parameters, "more": more}), blobs)
         }
-        Err(e) => writer.send(&json!({"op": "infer_result", "seq": seq, "error": error_json(&e)}), &[]),
+        Err(e) => (json!({"op": "infer_result", "seq": seq, "error": error_json(&e)}), Vec::new()),
     };
-    if let Err(e) = &sent {
-        tracing::debug!(error = %e, "cannot answer a BLS call (the process is gone)");
-    }
-    sent.is_ok()
+    send_off_runtime(writer, msg, blobs).await
 }
 
 /// Forwards a streaming BLS call's responses, each as it comes, the last marked; a cancel from
@@ -184,7 +198,7 @@ async fn forward_stream(seq: &Value, mut stream: crate::request::ResponseStream,
             _ = &mut cancel.rx => {
                 drop(stream);
                 let e = Error::new(crate::error::ErrorKind::Cancelled, "the BLS request was cancelled");
-                infer_reply(seq, Err(e), writer, false);
+                infer_reply(seq, Err(e), writer, false).await;
                 return;
             }
             item = stream.recv() => {
@@ -193,7 +207,7 @@ async fn forward_stream(seq: &Value, mut stream: crate::request::ResponseStream,
                     Some(Err(e)) => (Err(e), false),
                     None => (Err(Error::internal("the BLS stream ended before its final response")), false),
                 };
-                if !infer_reply(seq, outcome, writer, more) || !more {
+                if !infer_reply(seq, outcome, writer, more).await || !more {
                     return;
                 }
             }
@@ -226,7 +240,8 @@ pub fn serve(
     runtime.spawn(async move {
         let Some(host) = host else {
             let e = Error::unavailable("the server is not running");
-            let _ = writer.send(&json!({"op": "infer_result", "seq": Value::Null, "error": error_json(&e)}), &[]);
+            let msg = json!({"op": "infer_result", "seq": Value::Null, "error": error_json(&e)});
+            send_off_runtime(&writer, msg, Vec::new()).await;
             return;
         };
         match call {
@@ -235,7 +250,7 @@ pub fn serve(
                     Ok(req) => host.infer(crate::request::InferRequest { context, ..req }).await,
                     Err(e) => Err(e),
                 };
-                infer_reply(&msg["seq"], outcome, &writer, false);
+                infer_reply(&msg["seq"], outcome, &writer, false).await;
             }
             HostCall::Stream(msg, blobs, context, cancel) => {
                 let stream = match checked(bls_request(&msg, blobs), alone.as_deref()) {
@@ -244,7 +259,7 @@ pub fn serve(
                 };
                 match stream {
                     Ok(stream) => forward_stream(&msg["seq"], stream, cancel, &writer).await,
-                    Err(e) => _ = infer_reply(&msg["seq"], Err(e), &writer, false),
+                    Err(e) => _ = infer_reply(&msg["seq"], Err(e), &writer, false).await,
                 }
             }
             HostCall::Control(msg) => {
@@ -277,7 +292,7 @@ pub fn serve(
                 };
                 reply["op"] = json!("control_result");
                 reply["seq"] = msg["seq"].clone();
-                let _ = writer.send(&reply, &[]);
+                send_off_runtime(&writer, reply, Vec::new()).await;
             }
         }
     });

@@ -196,6 +196,11 @@ impl PythonInstance {
     }
 
     fn run(&mut self, requests: &[BackendRequest<'_>]) -> Result<Vec<Result<Answer>>> {
+        // A process that died while idle is replaced before the batch goes to it.
+        if self.link.process.exited() {
+            let (status, said) = self.link.process.death();
+            self.restart(&format!("it ended while idle ({status}); it last said: {said}"));
+        }
         let described = self.write_inputs(requests)?;
         let decoupled = requests.iter().any(|r| r.stream.is_some());
         let msg =

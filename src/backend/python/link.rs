@@ -98,7 +98,10 @@ impl Link {
     pub fn register(&self, tx: &StreamTx) -> u64 {
         static NEXT: AtomicU64 = AtomicU64::new(1);
         let handle = NEXT.fetch_add(1, Ordering::Relaxed);
-        self.streams.lock().unwrap_or_else(|p| p.into_inner()).insert(handle, tx.clone());
+        let mut open = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        // Streams whose clients left go: a model that keeps their senders holds nothing by it.
+        open.retain(|_, tx| !tx.cancelled());
+        open.insert(handle, tx.clone());
         handle
     }
 

@@ -202,10 +202,10 @@ class _Box:
     """What has been answered for one request: shared by its sender(s), the stub and the
     finalizer that runs once the model holds neither the request nor its sender."""
     __slots__ = ("decoupled", "handle", "closed", "response", "count", "abandoned", "sender_made", "on_done",
-                 "running")
+                 "running", "error")
 
     def __init__(self, decoupled, handle):
-        self.decoupled, self.handle, self.running = decoupled, handle, True
+        self.decoupled, self.handle, self.running, self.error = decoupled, handle, True, None
         self.closed = self.abandoned = self.sender_made = False
         self.response, self.count, self.on_done = None, 0, None
 
@@ -394,6 +394,8 @@ class InferenceResponseSender:
             raise TritonModelException(
                 f"Expected an 'InferenceResponse' object, found type '{type(response).__name__}'.")
         box, final = self._slot.box, flags == TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        # Made first: a response that cannot be sent changes nothing.
+        message = _CHANNEL.response_message(box.handle, response, final) if box.decoupled else None
         with _STATE:
             if not box.decoupled:
                 if response is not None and box.count > 0:
@@ -410,7 +412,7 @@ class InferenceResponseSender:
                 box.response = response
             box.closed = final
             if box.decoupled:
-                _CHANNEL.respond(box.handle, response, final)
+                _CHANNEL.send_encoded(*message)
             if final:
                 _settled(box)
 

@@ -15,7 +15,9 @@ import socket
 import struct
 import sys
 import threading
+import time
 import traceback
+import weakref
 
 import numpy as np
 
@@ -23,6 +25,8 @@ import triton_python_backend_utils as pb_utils
 
 
 REPLIES = frozenset(("infer_result", "control_result", "cancelled_result"))
+# What a BLS stream may hold unread before it is cut (as ferry bounds a client's stream).
+STREAM_BACKLOG, STREAM_BACKLOG_BYTES = 64, 64 << 20
 
 
 class Channel:
@@ -34,18 +38,23 @@ class Channel:
         self.sock = sock
         self.file = sock.makefile("rb")
         self.wlock = threading.Lock()
-        self.cond = threading.Condition(threading.Lock())
+        # Re-entrant: a finalizer may run on a thread that holds it.
+        self.cond = threading.Condition(threading.RLock())
         self.reading = self.closed = False
         self.seq = 0
         self.waiting = {}
         self.work = collections.deque()
         self.async_pending = 0
+        self.streams_open = 0  # decoupled BLS calls not finished: their responses are read at once
+        self.holding = {}  # async_exec's iterators waiting for their first response
         self.helper = None
         # BLS may run from initialize() on (in threads too) until finalize() begins.
         self.executing = False
 
     def send(self, msg, blobs=()):
-        body = json.dumps(msg).encode()
+        self.send_encoded(json.dumps(msg).encode(), blobs)
+
+    def send_encoded(self, body, blobs=()):
         parts = [struct.pack("<I", len(body)), body, struct.pack("<I", len(blobs))]
         for b in blobs:
             parts.append(struct.pack("<Q", len(b)))
@@ -130,15 +139,22 @@ class Channel:
         return box[0]
 
     def _read_for_async(self):
-        """Reads while asynchronous BLS calls are out (the main thread is in its event loop)."""
+        """Reads while asynchronous BLS calls or BLS streams are out (the main thread may be in
+        its event loop, or busy in execute), so that ferry never waits to write them."""
         try:
             while True:
                 with self.cond:
-                    while not self.async_pending and not self.closed:
+                    while not self.async_pending and not self.streams_open and not self.closed:
                         self.cond.wait()
-                self.wait_for(lambda: not self.async_pending)
+                self.wait_for(lambda: not self.async_pending and not self.streams_open)
         except EOFError:
             return
+
+    def _start_helper(self):  # under self.cond
+        if self.helper is None:
+            self.helper = threading.Thread(target=self._read_for_async, daemon=True)
+            self.helper.start()
+        self.cond.notify_all()
 
     # --- what triton_python_backend_utils calls ---
     def log(self, level, message):
@@ -164,16 +180,48 @@ class Channel:
         self._call(msg, blobs, finished)
 
     def infer_stream(self, request, inputs):
-        """A decoupled BLS call: an iterator of its responses, the last marked final."""
+        """A decoupled BLS call: an iterator of its responses, the last marked final. The
+        channel holds the iterator weakly: one the model lets go of before the end cancels
+        the call."""
         msg, blobs = bls_message(request, inputs)
         msg["decoupled"] = True
         iterator = ResponseIterator(self)
-        self._call(msg, list(blobs), iterator._push)
-        iterator.seq = msg["seq"]
+        ref = weakref.ref(iterator)
+
+        def push(m, b):  # under self.cond
+            it = ref()
+            if it is not None:
+                it._push(m, b)
+            if not m.get("more"):
+                self.streams_open -= 1
+
+        with self.cond:
+            self.streams_open += 1
+            self._start_helper()
+            self._call(msg, list(blobs), push)
+            iterator.seq = msg["seq"]
+        weakref.finalize(iterator, self._dropped, msg["seq"])
         return iterator
 
-    def respond(self, handle, response, final):
-        """A decoupled model's response (None: only the final flag)."""
+    def _dropped(self, seq):
+        """A BLS stream's iterator is gone: the call is cancelled, what it still sends dropped."""
+        with self.cond:
+            if seq not in self.waiting:
+                return
+        self.cancel_later(seq)
+
+    def cancel_later(self, seq):
+        """Cancels a BLS stream from a thread of its own (the caller may hold any lock)."""
+        def cancel():
+            try:
+                self.send({"op": "cancel_infer", "seq": seq})
+            except OSError:
+                pass
+        threading.Thread(target=cancel, daemon=True).start()
+
+    def response_message(self, handle, response, final):
+        """A decoupled model's response as sent (None: only the final flag); raises when the
+        response cannot be sent, before anything is."""
         meta, blobs, error, params = [], [], None, None
         if response is not None:
             for t in response.output_tensors():
@@ -181,8 +229,12 @@ class Channel:
                 meta.append({"name": t.name(), "datatype": datatype, "shape": list(t.as_numpy().shape)})
                 blobs.append(bytes(data))
             error, params = error_json(response), params_json(response)
-        self.send({"op": "response", "handle": handle, "final": final, "empty": response is None,
-                   "outputs": meta, "error": error, "parameters": params}, blobs)
+        msg = {"op": "response", "handle": handle, "final": final, "empty": response is None,
+               "outputs": meta, "error": error, "parameters": params}
+        return json.dumps(msg).encode(), blobs
+
+    def respond(self, handle, response, final):
+        self.send_encoded(*self.response_message(handle, response, final))
 
     def cancelled(self, handle):
         reply, _ = self._blocking({"op": "cancelled", "handle": handle})
@@ -202,11 +254,23 @@ class ResponseIterator:
     def __init__(self, channel):
         self.channel, self.seq = channel, None
         self.pending, self.seen, self.finished, self.index = collections.deque(), [], False, 0
+        self.pending_bytes = 0
         self.first = None
 
     def _push(self, msg, blobs):  # runs under channel.cond
-        self.pending.append(bls_response(msg, blobs))
-        self.finished = self.finished or not msg.get("more")
+        if self.finished:
+            return
+        size = sum(len(b) for b in blobs)
+        self.pending.append((bls_response(msg, blobs), size))
+        self.pending_bytes += size
+        self.finished = not msg.get("more")
+        if not self.finished and (len(self.pending) > STREAM_BACKLOG or self.pending_bytes > STREAM_BACKLOG_BYTES):
+            # The model reads this stream too slowly: it ends here, as a client's would.
+            self.finished = True
+            self.pending.append((pb_utils.InferenceResponse(error=pb_utils.TritonError(
+                f"the model fell behind reading this BLS stream by {STREAM_BACKLOG} responses or "
+                f"{STREAM_BACKLOG_BYTES} bytes; the call was cancelled", pb_utils.TritonError.UNAVAILABLE)), 0))
+            self.channel.cancel_later(self.seq)
         if self.first is not None:
             first, self.first = self.first, None
             first(self)
@@ -219,16 +283,16 @@ class ResponseIterator:
                 done(self)
                 return
             channel.async_pending += 1
+            # Held until then: nothing else holds an iterator that async_exec has not handed over.
+            channel.holding[self.seq] = self
 
             def first(it):
                 channel.async_pending -= 1
+                channel.holding.pop(it.seq, None)
                 done(it)
 
             self.first = first
-            if channel.helper is None:
-                channel.helper = threading.Thread(target=channel._read_for_async, daemon=True)
-                channel.helper.start()
-            channel.cond.notify_all()
+            channel._start_helper()
 
     def __iter__(self):
         if self.finished and not self.pending and self.index >= len(self.seen):
@@ -243,7 +307,8 @@ class ResponseIterator:
         with self.channel.cond:
             if not self.pending:
                 raise StopIteration
-            response = self.pending.popleft()
+            response, size = self.pending.popleft()
+            self.pending_bytes -= size
         self.seen.append(response)
         self.index = len(self.seen)
         return response
@@ -271,8 +336,11 @@ def error_json(response):
     err = response.error()
     if err is None:
         return None
-    return {"message": err.message() if hasattr(err, "message") else str(err),
-            "code": err.code() if hasattr(err, "code") else 1}
+    try:
+        code = int(err.code()) if hasattr(err, "code") else 1
+    except (TypeError, ValueError):
+        code = 1
+    return {"message": str(err.message() if hasattr(err, "message") else err), "code": code}
 
 
 def params_json(response):
@@ -451,23 +519,25 @@ class Stub:
                 tensors, outputs, rid, params_text(params), box, sequence_of(params), self.identity))
         return requests, boxes
 
-    def run_model(self, requests):
-        """execute() on the requests, and again on those it reschedules; (returned, error) of
-        the first run, what later runs return for the rescheduled ones recorded in their boxes."""
-        returned, error = self.run_once(requests)
-        again = rescheduled(requests) if error is None else []
+    def outcome(self, boxes, returned, requests):
+        """What one run of execute() returned, checked and recorded; the error that fails the
+        batch, if any."""
+        if boxes and boxes[0].decoupled:
+            return self.not_none() if returned is not None else None
+        return self.record(boxes, returned, requests)
+
+    def rerun(self, again):
+        """Runs what the model rescheduled until it releases them (Triton requeues them; here
+        they run again at once, on this instance)."""
         while again:
             boxes = [r._slot.box for r in again]
             more, failed = self.run_once(again)
-            if failed is None and not again[0]._slot.box.decoupled:
-                failed = self.record(boxes, more, again)
-            elif failed is None and more is not None:
-                failed = self.not_none()
+            if failed is None:
+                failed = self.outcome(boxes, more, again)
             if failed is not None:
                 self.fail(boxes, failed)
-                break
+                return
             again = rescheduled(again)
-        return returned, error
 
     def run_once(self, requests):
         try:
@@ -526,32 +596,33 @@ class Stub:
             for box in boxes:
                 if box.closed:
                     continue
-                box.closed = True
+                box.closed, box.error = True, text
                 if box.decoupled:
                     failed = pb_utils.InferenceResponse(error=pb_utils.TritonError(text))
                     self.channel.respond(box.handle, failed, True)
                 pb_utils._settled(box)
         return text
 
-    def settle_decoupled(self, boxes, returned, error):
-        if error is None and returned is not None:
-            error = self.not_none()
+    def settle_decoupled(self, boxes, error):
         if error is not None:
             self.fail(boxes, error)
         for box in boxes:
             pb_utils._ran(box)
+        if not all(b.done() for b in boxes):
+            gc.collect(1)  # a request dropped in a young cycle ends now, not at some later collection
         return {"decoupled": True}
 
     def execute(self, msg):
         decoupled = bool(msg.get("decoupled"))
         requests, boxes = self.requests_of(msg, decoupled)
-        returned, error = self.run_model(requests)
-        if decoupled:
-            del requests
-            return self.settle_decoupled(boxes, returned, error)
+        returned, error = self.run_once(requests)
         if error is None:
-            error = self.record(boxes, returned, requests)
+            error = self.outcome(boxes, returned, requests)
+        if error is None:
+            self.rerun(rescheduled(requests))
         del requests, returned
+        if decoupled:
+            return self.settle_decoupled(boxes, error)
         if error is None and not all(b.done() for b in boxes):
             gc.collect()  # requests the model let go of in a cycle are abandoned now
             with pb_utils._STATE:
@@ -562,41 +633,40 @@ class Stub:
     async def execute_async(self, msg):
         decoupled = bool(msg.get("decoupled"))
         requests, boxes = self.requests_of(msg, decoupled)
+        pending, error = None, None
         try:
             pending = self.model.execute(requests)
-            returned, error = None, None
         except Exception as e:  # noqa: BLE001
-            pending, error = None, e
-        if decoupled:
-            if error is None and inspect.iscoroutine(pending):
-                # Not awaited: the next batch may start while this one runs.
-                task = asyncio.ensure_future(pending)
-                self.background.add(task)
-                task.add_done_callback(lambda t: self.background_done(t, requests, boxes))
-                return {"decoupled": True}
-            del requests
-            return self.settle_decoupled(boxes, pending, error)
+            error = e
+        if decoupled and error is None and inspect.iscoroutine(pending):
+            # Not awaited: the next batch may start while this one runs.
+            self.in_background(pending, requests, boxes)
+            return {"decoupled": True}
+        returned = None
         if error is None:
             try:
                 returned = await pending if inspect.iscoroutine(pending) else pending
             except Exception as e:  # noqa: BLE001
                 error = e
         if error is None:
-            error = self.record(boxes, returned, requests)
+            error = self.outcome(boxes, returned, requests)
         again = rescheduled(requests) if error is None else []
         while again:
+            again_boxes = [r._slot.box for r in again]
             more, failed = None, None
             try:
                 more = self.model.execute(again)
                 more = await more if inspect.iscoroutine(more) else more
-                failed = self.record([r._slot.box for r in again], more, again)
+                failed = self.outcome(again_boxes, more, again)
             except Exception as e:  # noqa: BLE001
                 failed = e
             if failed is not None:
-                self.fail([r._slot.box for r in again], failed)
+                self.fail(again_boxes, failed)
                 break
             again = rescheduled(again)
         del requests, returned, pending
+        if decoupled:
+            return self.settle_decoupled(boxes, error)
         if error is None and not all(b.done() for b in boxes):
             gc.collect()
             loop, settled = asyncio.get_running_loop(), asyncio.Event()
@@ -612,20 +682,33 @@ class Stub:
             await settled.wait()
         return self.answers(boxes, error)
 
+    def in_background(self, coroutine, requests, boxes):
+        task = asyncio.ensure_future(coroutine)
+        self.background.add(task)
+        task.add_done_callback(lambda t: self.background_done(t, requests, boxes))
+
     def background_done(self, task, requests, boxes):
         """A decoupled coroutine ended: its error closes what it left open; what it
         rescheduled runs again."""
         self.background.discard(task)
         error = None if task.cancelled() else task.exception()
-        returned = task.result() if error is None and not task.cancelled() else None
-        again = rescheduled(requests) if error is None and returned is None else []
-        self.settle_decoupled(boxes, returned, error)
+        if task.cancelled():
+            error = pb_utils.TritonModelException("the model's coroutine was cancelled")
+        elif error is None:
+            error = self.outcome(boxes, task.result(), requests)
+        again = rescheduled(requests) if error is None else []
+        del task
         if again:
-            more = self.model.execute(again)
+            try:
+                more = self.model.execute(again)
+            except Exception as e:  # noqa: BLE001
+                more, error = None, e
             if inspect.iscoroutine(more):
-                next_task = asyncio.ensure_future(more)
-                self.background.add(next_task)
-                next_task.add_done_callback(lambda t: self.background_done(t, again, [r._slot.box for r in again]))
+                self.in_background(more, again, [r._slot.box for r in again])
+            elif error is None and more is not None:
+                error = self.not_none()
+        del requests, again
+        self.settle_decoupled(boxes, error)
 
     def answers(self, boxes, error):
         """The reply for a non-decoupled batch once every request is settled."""
@@ -638,7 +721,8 @@ class Stub:
             return self.write_responses([b.response if b.response is not None else failed for b in boxes])
         missing = {"message": f"model '{self.identity[0]}': execute() gave no response for this request (it returned "
                               "None for it and its response sender sent none)", "code": 1}
-        return self.write_responses([b.response if b.response is not None else missing for b in boxes])
+        return self.write_responses([b.response if b.response is not None else
+                                     {"message": b.error, "code": 1} if b.error else missing for b in boxes])
 
     def write_responses(self, responses):
         """Outputs go to this process's region; each response is [outputs, error, parameters],
@@ -720,14 +804,34 @@ class Stub:
         except Exception as e:  # noqa: BLE001 - every failure goes back to ferry, named
             reply = {"op": "done", "error": describe(e), "trace": trace_of(e)}
         if not msg.get("eof"):
-            self.channel.send(reply)
+            reply_safely(self.channel, reply)
         if op == "finalize":
             self.loop.stop()
+
+
+def watch_parent():
+    """Ends this process when ferry is gone (killed before it could stop it): a model busy in
+    execute() never reads the socket that would say so."""
+    parent = os.getppid()
+    while True:
+        time.sleep(1)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
+def reply_safely(channel, reply):
+    """Sends a reply; one that cannot be encoded (an object the model put in it) becomes an error."""
+    try:
+        body = json.dumps(reply).encode()
+    except (TypeError, ValueError) as e:
+        body = json.dumps({"op": "done", "error": f"the model's reply cannot be sent: {describe(e)}"}).encode()
+    channel.send_encoded(body)
 
 
 def main():
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(sys.argv[1])
+    threading.Thread(target=watch_parent, daemon=True).start()
     channel = Channel(sock)
     pb_utils._CHANNEL = channel
     stub = Stub(channel)
@@ -747,7 +851,7 @@ def main():
                 reply["op"] = "done"
             except Exception as e:  # noqa: BLE001 - every failure goes back to ferry, named
                 reply = {"op": "done", "error": describe(e), "trace": trace_of(e)}
-            channel.send(reply)
+            reply_safely(channel, reply)
             if op in ("finalize", "auto_complete"):
                 break
             if op == "initialize" and "error" not in reply and stub.is_async():

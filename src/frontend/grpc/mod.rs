@@ -115,7 +115,16 @@ impl Grpc {
             },
             Err(e) => return drop(tx.send((error(e), Charge::default())).await),
         };
-        while let Some(item) = responses.recv().await {
+        loop {
+            // A client that left ends the request here (the model sees it cancelled), even while
+            // the model sends nothing.
+            let item = tokio::select! {
+                item = responses.recv() => match item {
+                    Some(item) => item,
+                    None => return,
+                },
+                () = tx.closed() => return,
+            };
             // The response stays charged until the connection takes its message.
             let (msg, charge) = match item {
                 Ok(it) if it.last && it.response.outputs.is_empty() && !empty_final => continue,

@@ -1,0 +1,235 @@
+"""Python models that misbehave around the response sender and BLS streams, each of which once
+wedged the server, leaked or left a request open: a model that does not read the BLS stream it
+opened (the server stays responsive), one that drops the stream's iterator (the call is cancelled),
+clients that leave a decoupled model that keeps its senders (their budget comes back), a final
+response that cannot be sent (the request still ends), a process that died while idle (the next
+request is served by its replacement), and a response returned for a rescheduled request."""
+import json
+import os
+import queue
+import signal
+import time
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+import models
+from ferry_server import Server
+from test_python_senders import COUNTER, DECOUPLED, PLAN_IO, plan_input
+
+# Opens a BLS stream to "counter" and does not read it until the file its request names exists.
+SLOW_READER = '''
+import json
+import os
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            how = json.loads(pb_utils.get_input_tensor_by_name(r, "PLAN").as_numpy().reshape(-1)[0])
+            plan = pb_utils.Tensor("PLAN", np.array([json.dumps({"count": how["count"]}).encode()], np.object_))
+            call = pb_utils.InferenceRequest(model_name="counter", requested_output_names=["OUT"], inputs=[plan])
+            responses = call.exec(decoupled=True)
+            if "opened" in how:
+                open(f"{how['opened']}.{os.getpid()}", "w").close()
+            if how.get("drop"):
+                next(iter(responses))
+                del responses
+                seen = "dropped"
+            else:
+                while not os.path.exists(how["wait_for"]):
+                    time.sleep(0.02)
+                seen = [int(x.as_numpy()[0]) if (x := pb_utils.get_output_tensor_by_name(r2, "OUT")) is not None
+                        else r2.error().message() for r2 in responses]
+            text = json.dumps({"seen": seen})
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([text.encode()], np.object_))]))
+        return out
+'''
+
+
+def repo_with_reader(tmp_path):
+    repo = str(tmp_path / "repo")
+    models.python_model(repo, "reader", SLOW_READER, PLAN_IO.replace("TYPE_INT32", "TYPE_STRING") +
+                        'instance_group [ { count: 2 kind: KIND_CPU } ]')
+    models.python_model(repo, "counter", COUNTER, PLAN_IO + DECOUPLED + 'instance_group [ { count: 2 kind: KIND_CPU } ]')
+    models.identity(repo, "echo", "FP32")
+    return repo
+
+
+def echo(client, n):
+    x = httpclient.InferInput("INPUT0", [1, n], "FP32").set_data_from_numpy(np.ones((1, n), np.float32))
+    return client.infer("echo", [x]).as_numpy("OUTPUT0")
+
+
+def test_a_model_that_does_not_read_its_bls_streams_does_not_stall_the_server(tmp_path):
+    with Server(["--model-repository", repo_with_reader(tmp_path)]) as s:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{s.port}", concurrency=2, network_timeout=60)
+        gate, opened = str(tmp_path / "go"), str(tmp_path / "opened")
+        # Two streams of 200 responses each that their callers leave unread for now.
+        pending = [client.async_infer("reader", [plan_input(httpclient, {"count": 200, "wait_for": gate,
+                                                                         "opened": opened})]) for _ in range(2)]
+        deadline = time.time() + 60
+        while len([f for f in os.listdir(tmp_path) if f.startswith("opened.")]) < 2:
+            assert time.time() < deadline, "the streams never opened"
+            time.sleep(0.05)
+        # Meanwhile the server answers everything else.
+        other = httpclient.InferenceServerClient(f"127.0.0.1:{s.port}", network_timeout=20)
+        for _ in range(5):
+            assert other.is_server_live() and other.is_model_ready("echo")
+            assert echo(other, 4).tolist() == [[1, 1, 1, 1]]
+        open(gate, "w").close()
+        for p in pending:
+            seen = json.loads(p.get_result().as_numpy("OUT")[0])["seen"]
+            # The unread stream was cut, as a client's would be, with a clear error at its end.
+            assert seen[:10] == list(range(10)) and "fell behind" in str(seen[-1]), seen[-3:]
+
+
+def test_dropping_a_bls_streams_iterator_cancels_the_call(tmp_path):
+    with Server(["--model-repository", repo_with_reader(tmp_path)]) as s:
+        said = json.loads(s.client().infer("reader", [plan_input(httpclient, {"count": -1, "drop": True})])
+                          .as_numpy("OUT")[0])
+        assert said["seen"] == "dropped"
+        assert s.wait_log("counter saw the cancel after")
+
+
+# A decoupled model that keeps every sender and never answers.
+HOARDER = '''
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.kept = []
+
+    def execute(self, requests):
+        self.kept.extend(r.get_response_sender() for r in requests)
+        return None
+'''
+
+
+def test_clients_that_leave_a_model_that_keeps_their_senders_give_their_budget_back(tmp_path):
+    repo = str(tmp_path)
+    models.python_model(repo, "hoarder", HOARDER, PLAN_IO + DECOUPLED)
+    models.identity(repo, "echo", "FP32")
+    with Server(["--model-repository", repo, "--max-inflight-request-bytes=4000000"]) as s:
+        big = {"pad": "x" * 500_000}
+        for _ in range(3):
+            got = queue.Queue()
+            with grpcclient.InferenceServerClient(s.grpc_url) as client:
+                client.start_stream(lambda result, error: got.put((result, error)))
+                for _ in range(6):
+                    client.async_stream_infer("hoarder", [plan_input(grpcclient, big)])
+                time.sleep(0.5)
+                client.stop_stream(cancel_requests=True)
+        # Eighteen 500 kB requests left behind in a 4 MB budget: the budget is whole again (a
+        # 3.2 MB request fits only in a budget nearly whole).
+        deadline = time.time() + 30
+        while True:
+            try:
+                assert echo(s.client(), 800_000).shape == (1, 800_000)
+                break
+            except InferenceServerException as e:
+                assert time.time() < deadline, f"the budget never came back: {e}"
+                time.sleep(0.2)
+
+
+# Its final response holds an output that cannot be sent; the model re-raises what send raised.
+UNSENDABLE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            bad = pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1 + 2j], np.complex128))])
+            r.get_response_sender().send(bad, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
+def test_a_final_response_that_cannot_be_sent_still_ends_its_request(tmp_path):
+    repo = str(tmp_path)
+    models.python_model(repo, "unsendable", UNSENDABLE, PLAN_IO + DECOUPLED)
+    with Server(["--model-repository", repo]) as s:
+        got = queue.Queue()
+        with grpcclient.InferenceServerClient(s.grpc_url) as client:
+            client.start_stream(lambda result, error: got.put((result, error)))
+            client.async_stream_infer("unsendable", [plan_input(grpcclient, {})])
+            result, error = got.get(timeout=30)
+            assert result is None and "complex128" in error.message(), error
+            client.stop_stream()
+
+
+PID = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.decoupled = pb_utils.using_decoupled_model_transaction_policy(__import__("json").loads(args["model_config"]))
+
+    def execute(self, requests):
+        answers = [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([os.getpid()], np.int32))])
+                   for _ in requests]
+        if not self.decoupled:
+            return answers
+        for r, a in zip(requests, answers):
+            r.get_response_sender().send(a, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
+@pytest.mark.parametrize("decoupled", [False, True], ids=["plain", "decoupled"])
+def test_a_process_that_died_while_idle_is_replaced_before_the_next_request(tmp_path, decoupled):
+    repo = str(tmp_path)
+    models.python_model(repo, "pid", PID, PLAN_IO + (DECOUPLED if decoupled else ""))
+
+    def pid_of(s):
+        if not decoupled:
+            return int(s.client().infer("pid", [plan_input(httpclient, {})]).as_numpy("OUT")[0])
+        got = queue.Queue()
+        with grpcclient.InferenceServerClient(s.grpc_url) as client:
+            client.start_stream(lambda result, error: got.put((result, error)))
+            client.async_stream_infer("pid", [plan_input(grpcclient, {})])
+            result, error = got.get(timeout=30)
+            client.stop_stream()
+        assert error is None, error
+        return int(result.as_numpy("OUT")[0])
+
+    with Server(["--model-repository", repo]) as s:
+        first = pid_of(s)
+        os.kill(first, signal.SIGKILL)
+        while os.path.exists(f"/proc/{first}") and "Z" not in open(f"/proc/{first}/stat").read().split()[2]:
+            time.sleep(0.05)
+        assert pid_of(s) != first
+
+
+RESCHEDULE_AND_ANSWER = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            r.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([1], np.int32))]) for _ in requests]
+'''
+
+
+def test_a_response_returned_for_a_rescheduled_request_is_tritons_error(tmp_path):
+    repo = str(tmp_path)
+    models.python_model(repo, "both", RESCHEDULE_AND_ANSWER, PLAN_IO)
+    with Server(["--model-repository", repo]) as s:
+        with pytest.raises(InferenceServerException, match="Expected a None object in the execute function return"):
+            s.client().infer("both", [plan_input(httpclient, {})])
