@@ -81,6 +81,9 @@ pub struct SequencePlan {
     pub corrid: Option<DataType>,
     /// The model batches: state and control tensors carry a leading batch dim of 1.
     pub batching: bool,
+    /// `iterative_sequence`: a request with no correlation id is a sequence of its own (one
+    /// request, rescheduled by the model until done), as Triton takes it.
+    pub iterative: bool,
 }
 
 struct Seq {
@@ -119,7 +122,7 @@ struct Flags {
     end: bool,
 }
 
-fn flags(model: &str, req: &ValidatedRequest) -> Result<Flags> {
+fn flags(model: &str, req: &ValidatedRequest, iterative: bool) -> Result<Flags> {
     let p = &req.parameters;
     let id = match p.get("sequence_id") {
         Some(ParamValue::String(s)) if !s.is_empty() => SeqId::Str(s.clone()),
@@ -129,6 +132,11 @@ fn flags(model: &str, req: &ValidatedRequest) -> Result<Flags> {
         },
         None => SeqId::Int(0),
     };
+    if id == SeqId::Int(0) && iterative {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        return Ok(Flags { id: SeqId::Str(format!("\u{0}ferry-iterative-{n}")), start: true, end: true });
+    }
     if id == SeqId::Int(0) {
         return Err(Error::invalid(format!(
             "inference request to model '{model}' must specify a non-zero or non-empty correlation ID"
@@ -169,7 +177,7 @@ impl Sequences {
         Fut: Future<Output = Result<InferResponse>>,
     {
         let model = &self.plan.model;
-        let f = flags(model, &req)?;
+        let f = flags(model, &req, self.plan.iterative)?;
         if req.rows != 1 {
             return Err(Error::invalid(format!(
                 "inference request to model '{model}' must specify batch-size 1 due to requirements of sequence batcher"
@@ -530,6 +538,7 @@ pub fn plan(
         client_outputs,
         corrid,
         batching,
+        iterative: sb.iterative_sequence,
     }))
 }
 

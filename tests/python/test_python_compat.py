@@ -320,3 +320,86 @@ def test_a_python_error_keeps_its_triton_code(tmp_path, code, grpc_status, http_
                 assert e.value.status() == grpc_status, e.value
             else:
                 assert e.value.status() == str(http_status), e.value
+
+
+# Loads, checks and unloads another model through pb_utils; checks pb_utils refuses bad
+# arguments as Triton's does, and that the model sees no command-line arguments of ferry's.
+CONTROLLER = '''
+import json
+import sys
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def refused(make, kind):
+    try:
+        make()
+    except kind:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        seen = {"argv": sys.argv}
+        pb_utils.load_model("managed")
+        seen["loaded"] = pb_utils.is_model_ready("managed")
+        pb_utils.unload_model("managed")
+        seen["after_unload"] = pb_utils.is_model_ready("managed")
+        seen["checks"] = [
+            refused(lambda: pb_utils.InferenceRequest(model_name="x", requested_output_names=[], inputs=[None]),
+                    pb_utils.TritonModelException),
+            refused(lambda: pb_utils.InferenceResponse(output_tensors=[None]), pb_utils.TritonModelException),
+            refused(lambda: pb_utils.Tensor(None, np.zeros(1)), TypeError),
+            refused(lambda: pb_utils.Tensor("x", None), TypeError),
+            refused(lambda: pb_utils.Logger.log("m", None), TypeError),
+        ]
+        text = np.array([json.dumps(seen).encode()], dtype=np.object_)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", text)]) for _ in requests]
+'''
+
+
+def test_model_control_argument_checks_and_argv_from_a_python_model(tmp_path):
+    repo = str(tmp_path)
+    models.python_model(repo, "controller", CONTROLLER, IO)
+    models.identity(repo, "managed", "FP32")
+    with Server(["--model-repository", repo, "--model-control-mode=explicit", "--load-model=controller"]) as s:
+        said = seen(s.client(), "controller")
+        assert said == {"argv": [""], "loaded": True, "after_unload": False, "checks": [True] * 5}, said
+
+
+def test_python_model_names_with_shell_characters_are_refused_as_triton_does(tmp_path):
+    repo = str(tmp_path)
+    with Server(["--model-repository", repo, "--model-control-mode=explicit"]) as s:
+        config = json.dumps({"backend": "python", "input": [], "output": []})
+        for name in ("model;test", "model$test", "model|test", "model*test"):
+            with pytest.raises(Exception, match="Invalid stub name: contains invalid characters"):
+                s.client().load_model(name, config=config, files={"file:1/model.py": b"class TritonPythonModel: pass"})
+            assert not s.client().is_model_ready(name)
+
+
+ITERATE = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([[b"ok"]], np.object_))])
+                for _ in requests]
+'''
+
+
+def test_an_iterative_sequence_takes_requests_without_a_correlation_id(tmp_path):
+    repo = str(tmp_path)
+    models.python_model(repo, "iterative", ITERATE, IO.replace("max_batch_size: 0", "max_batch_size: 1") +
+                        "sequence_batching { iterative_sequence: true }")
+    models.python_model(repo, "plain_sequence", ITERATE, IO.replace("max_batch_size: 0", "max_batch_size: 1") +
+                        "sequence_batching { }")
+    with Server(["--model-repository", repo]) as s:
+        x = httpclient.InferInput("IN", [1, 1], "INT32").set_data_from_numpy(np.zeros((1, 1), np.int32))
+        assert s.client().infer("iterative", [x]).as_numpy("OUT").reshape(-1).tolist() == [b"ok"]
+        with pytest.raises(Exception, match="must specify a non-zero or non-empty correlation ID"):
+            s.client().infer("plain_sequence", [x])

@@ -264,7 +264,7 @@ pub fn serve(
             }
             HostCall::Control(msg) => {
                 let name = msg["model_name"].as_str().unwrap_or_default().to_string();
-                let outcome: Result<Value> = match msg["op"].as_str() {
+                let outcome: Result<Value> = match msg["call"].as_str() {
                     Some("load_model") => {
                         let config = msg["config"].as_str().filter(|c| !c.is_empty()).map(str::to_string);
                         let files = msg["files"]

@@ -241,7 +241,11 @@ impl PythonInstance {
         }
         if let Some(e) = reply["error"].as_str() {
             tracing::debug!(model = %self.launch.model, trace = reply["trace"].as_str().unwrap_or_default(), "execute raised");
-            return Err(Error::internal(format!("model '{}': execute() raised {e}", self.launch.model)));
+            // Triton's words: what the stub sends is "<type>: <message>" of what execute raised.
+            return Err(Error::internal(format!(
+                "Failed to process the request(s) for model '{}', message: {e}",
+                reply["instance"].as_str().unwrap_or(&self.launch.model)
+            )));
         }
         let responses = reply["responses"].as_array().map(Vec::as_slice).unwrap_or_default();
         self.read_responses(&reply["region"], responses)

@@ -11,7 +11,7 @@ use std::{
     time::Duration,
 };
 
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::{
     backend::{Backend, Device, HostSlot, InstanceSpec, ModelInstance, ModelIo},
@@ -115,12 +115,12 @@ impl Launch {
             "model_name": self.model,
         });
         let msg = json!({"op": "initialize", "model_path": self.model_path.display().to_string(), "args": args});
-        self.request(&mut p, &msg, "initialize")?;
+        self.request(&mut p, &msg, "initialize", &args["model_instance_name"])?;
         Ok(p)
     }
 
     /// Sends one control message and waits (up to the stub timeout) for its reply.
-    fn request(&self, p: &mut Process, msg: &serde_json::Value, what: &str) -> Result<serde_json::Value> {
+    fn request(&self, p: &mut Process, msg: &serde_json::Value, what: &str, stub: &Value) -> Result<serde_json::Value> {
         let fail = |e: String| Error::unavailable(format!("model '{}': {what} failed: {e}", self.model));
         p.writer.send(msg, &[]).map_err(|e| fail(e.to_string()))?;
         // The timeout bounds the whole call, however many log lines come meanwhile.
@@ -141,7 +141,9 @@ impl Launch {
                 Err(e) => {
                     // The log gets all it printed; the error its last line (its exception, as a rule).
                     let (status, said) = p.death();
-                    tracing::error!(model = %self.model, status = %status, "the Python process died during {what}: {said}");
+                    // Triton's words first (its tests and users grep for them).
+                    let stub = stub.as_str().unwrap_or(&self.model);
+                    tracing::error!(model = %self.model, status = %status, "Stub process '{stub}' is not healthy: the Python process died during {what}: {said}");
                     let last = said.rsplit(" | ").next().unwrap_or_default();
                     return Err(fail(format!("{e}; the process {status}: {last}")));
                 }
@@ -260,12 +262,27 @@ impl PythonBackend {
     }
 
     fn launch(&self, model_path: &Path, config: &ModelConfig, device: Device) -> Result<Launch> {
+        // Triton's Python backend refuses these in the names its processes go by.
+        const INVALID: &[char] = &[
+            ';', '|', '&', '$', '`', '<', '>', '(', ')', '[', ']', '{', '}', '\\', '"', '\'', '*', '?', '~', '#', '!',
+        ];
+        if config.name.is_empty() || config.name.contains(INVALID) {
+            return Err(Error::invalid(format!(
+                "Invalid stub name: contains invalid characters (model '{}'; none of {} may be in a Python model's \
+                 name)",
+                config.name,
+                INVALID.iter().collect::<String>()
+            )));
+        }
         let version_dir = model_path.parent().unwrap_or(Path::new("."));
         let model_dir = version_dir.parent().unwrap_or(Path::new(".")).to_path_buf();
         // A Python-based backend's model.py runs every model of it, in the model's own folder.
         let model_path = self.based.as_ref().map_or(model_path, |(_, file)| file.as_path());
         if !model_path.is_file() {
-            return Err(Error::invalid(format!("model file '{}' does not exist", model_path.display())));
+            return Err(Error::invalid(format!(
+                "Failed to preinitialize Python stub: Python model file not found in '{}'",
+                model_path.display()
+            )));
         }
         Ok(Launch {
             model: config.name.clone(),
@@ -311,7 +328,7 @@ impl Backend for PythonBackend {
             "model_path": launch.model_path.display().to_string(),
             "config": pbtxt::to_json(config),
         });
-        let reply = launch.request(&mut p, &msg, "auto_complete_config")?;
+        let reply = launch.request(&mut p, &msg, "auto_complete_config", &json!(config.name))?;
         let completed = pbtxt::from_json(&reply["config"].to_string())
             .map_err(|e| Error::invalid(format!("auto_complete_config of model '{}' returned {e}", config.name)))?;
         *config = completed;

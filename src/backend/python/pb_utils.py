@@ -111,6 +111,10 @@ class TritonModelException(Exception):
 
 class Tensor:
     def __init__(self, name, array, dtype=None):
+        if not isinstance(name, str):
+            raise TypeError(f"Tensor name must be a str, not {type(name).__name__}")
+        if array is None:
+            raise TypeError("Tensor data must be a numpy array, not None")
         self._name = name
         if dtype is not None:
             array = np.asarray(array, dtype=triton_string_to_numpy(dtype))
@@ -182,6 +186,8 @@ def get_output_config_by_name(model_config, name):
 class InferenceResponse:
     def __init__(self, output_tensors=None, error=None, parameters=None):
         self._outputs = list(output_tensors or [])
+        if any(not isinstance(t, Tensor) for t in self._outputs):
+            raise TritonModelException("InferenceResponse output_tensors must be a list of pb_utils.Tensor")
         self._error = error
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters) if parameters else "{}"
 
@@ -269,6 +275,8 @@ class InferenceRequest:
         self._model_name, self._version, self._timeout = model_name, model_version, timeout
         self._outputs = list(requested_output_names or [])
         self._inputs = list(inputs or [])
+        if any(not isinstance(t, Tensor) for t in self._inputs):
+            raise TritonModelException("InferenceRequest inputs must be a list of pb_utils.Tensor")
         if not isinstance(parameters, (str, dict, type(None))):
             raise TritonModelException("InferenceRequest parameters must be a dict or a JSON string")
         self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters) if parameters else "{}"
@@ -427,6 +435,8 @@ class Logger:
 
     @staticmethod
     def log(message, level=INFO):
+        if not isinstance(level, str):
+            raise TypeError(f"log level must be one of pb_utils.Logger's levels, not {type(level).__name__}")
         level = {"WARNING": "WARN"}.get(str(level), str(level))
         if level not in ("INFO", "WARN", "ERROR", "VERBOSE"):
             raise TritonModelException(f"unknown log level {level!r}: use pb_utils.Logger.INFO, WARNING, ERROR or VERBOSE")

@@ -241,7 +241,7 @@ class Channel:
         return bool(reply.get("cancelled"))
 
     def control(self, msg):
-        reply, _ = self._blocking({"op": "control", **msg})
+        reply, _ = self._blocking({**msg, "op": "control", "call": msg["op"]})
         if reply.get("error"):
             raise pb_utils.TritonModelException(reply["error"])
         return reply
@@ -439,6 +439,7 @@ class Stub:
         self.outputs = OutputRegion(f"{sys.argv[2]}-out" if len(sys.argv) > 2 else f"ferry-py-{os.getpid()}")
         self.loop = None
         self.identity = ("", -1)
+        self.instance = ""
         self.background = set()
 
     def load_module(self, path):
@@ -473,6 +474,7 @@ class Stub:
     def initialize(self, msg):
         args = msg["args"]
         self.identity = (args.get("model_name", ""), int(args.get("model_version") or -1))
+        self.instance = args.get("model_instance_name") or self.identity[0]
         self.model = self.load_module(msg["model_path"]).TritonPythonModel()
         if hasattr(self.model, "initialize"):
             done = self.model.initialize(msg["args"])
@@ -550,7 +552,7 @@ class Stub:
 
     def not_none(self):
         return pb_utils.TritonModelException(
-            f"Python model '{self.identity[0]}' is using the decoupled mode and the execute function must return None.")
+            f"Python model '{self.instance}' is using the decoupled mode and the execute function must return None.")
 
     def record(self, boxes, returned, requests):
         """Records the responses a non-decoupled execute() returned; the error that fails the
@@ -589,7 +591,7 @@ class Stub:
     def fail(self, boxes, error):
         """The batch failed: logged as Triton logs it; every request not yet closed is closed
         (a decoupled one gets the error as its final response)."""
-        text = f"Failed to process the request(s) for model '{self.identity[0]}', message: {describe(error)}"
+        text = f"Failed to process the request(s) for model '{self.instance}', message: {describe(error)}"
         self.channel.log("ERROR", text)
         self.channel.log("VERBOSE", trace_of(error))
         with pb_utils._STATE:
@@ -715,7 +717,7 @@ class Stub:
         if error is not None:
             if not any(b.response is not None for b in boxes):
                 self.fail(boxes, error)
-                return {"error": describe(error), "trace": trace_of(error)}
+                return {"error": describe(error), "trace": trace_of(error), "instance": self.instance}
             text = self.fail(boxes, error)
             failed = {"message": text, "code": 1}
             return self.write_responses([b.response if b.response is not None else failed for b in boxes])
@@ -835,6 +837,8 @@ def main():
     channel = Channel(sock)
     pb_utils._CHANNEL = channel
     stub = Stub(channel)
+    # The model sees no arguments of ferry's (unittest.main() and argparse in a model read them).
+    sys.argv = [""]
     try:
         while True:
             try:
