@@ -104,6 +104,9 @@ pub struct BackendRequest<'a> {
     /// Its nesting and admission ticket: what the request makes the backend allocate is charged
     /// to it (`Context::charge`).
     pub context: &'a crate::request::Context,
+    /// Whether its client is gone (nobody waits for the answer), for a model that asks
+    /// (`request.is_cancelled()`); None: never.
+    pub cancelled: Option<&'a (dyn Fn() -> bool + Sync)>,
 }
 
 /// One request's answer from `execute_each`: its outputs and the response parameters the model

@@ -132,9 +132,11 @@ fn run_each(
     start: Instant,
 ) {
     let schema = &ctx.schema;
+    let gone: Vec<_> = jobs.iter().map(|j| move || j.reply.is_closed()).collect();
     let requests: Vec<BackendRequest<'_>> = jobs
         .iter()
-        .map(|j| BackendRequest {
+        .zip(&gone)
+        .map(|(j, gone)| BackendRequest {
             id: &j.req.id,
             parameters: &j.req.parameters,
             inputs: j
@@ -157,6 +159,7 @@ fn run_each(
             outputs: j.req.outputs.iter().map(|o| schema.outputs[o.index].name.as_str()).collect(),
             stream: j.req.stream.as_ref(),
             context: &j.req.context,
+            cancelled: Some(gone),
         })
         .collect();
     let input_done = Instant::now();

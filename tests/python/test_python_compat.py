@@ -403,3 +403,37 @@ def test_an_iterative_sequence_takes_requests_without_a_correlation_id(tmp_path)
         assert s.client().infer("iterative", [x]).as_numpy("OUT").reshape(-1).tolist() == [b"ok"]
         with pytest.raises(Exception, match="must specify a non-zero or non-empty correlation ID"):
             s.client().infer("plain_sequence", [x])
+
+
+# Works until its client leaves (at most 60 s), then says so in the log.
+PATIENT = '''
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        start = time.time()
+        pb_utils.Logger.log_info("patient: started")
+        while time.time() - start < 60:
+            if requests[0].is_cancelled():
+                pb_utils.Logger.log_info("patient: the client left")
+                break
+            time.sleep(0.05)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([b"done"], np.object_))])
+                for _ in requests]
+'''
+
+
+def test_a_model_that_is_not_decoupled_sees_its_client_leave(tmp_path):
+    repo = str(tmp_path)
+    models.python_model(repo, "patient", PATIENT, IO)
+    with Server(["--model-repository", repo]) as s:
+        client = s.grpc_client()
+        x = grpcclient.InferInput("IN", [1], "INT32").set_data_from_numpy(np.zeros(1, np.int32))
+        future = client.async_infer("patient", [x], callback=lambda result, error: None)
+        assert s.wait_log("patient: started", timeout=30)
+        future.cancel()
+        assert s.wait_log("patient: the client left", timeout=30)
+        assert "OUT" in str(s.client().get_model_metadata("patient"))

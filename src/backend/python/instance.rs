@@ -210,7 +210,9 @@ impl PythonInstance {
         *self.link.running.lock().unwrap_or_else(|p| p.into_inner()) = deepest.cloned().unwrap_or_default();
         let deadline = self.launch.execute_timeout.and_then(|t| std::time::Instant::now().checked_add(t));
         let sent = self.link.process.writer.send(&msg, &[]);
-        let replied = sent.and_then(|()| self.link.wait(deadline));
+        // The model may ask whether a request's client is still there (`is_cancelled()`).
+        let gone = |i: usize| requests.get(i).and_then(|r| r.cancelled).is_some_and(|f| f());
+        let replied = sent.and_then(|()| self.link.wait(deadline, &gone));
         // The batch is over: its context (its requests' tickets) must not outlive it.
         *self.link.running.lock().unwrap_or_else(|p| p.into_inner()) = Default::default();
         let (reply, _) = match replied {
@@ -288,6 +290,7 @@ impl ModelInstance for PythonInstance {
             outputs: outputs.to_vec(),
             stream: None,
             context: &context,
+            cancelled: None,
         };
         let answer = self.run(std::slice::from_ref(&one))?.pop();
         answer.unwrap_or_else(|| Err(Error::internal("no response"))).map(|a| a.outputs)

@@ -76,9 +76,15 @@ impl Link {
     /// The process's reply to the call just sent, watching the process itself meanwhile (a
     /// helper it forked may hold its socket open after it died: then the socket never closes).
     /// Past `deadline`: an error of kind TimedOut.
-    pub fn wait(&mut self, deadline: Option<Instant>) -> std::io::Result<Message> {
+    /// A request of the batch that asks whether its client left (`gone(index)`) is answered.
+    pub fn wait(&mut self, deadline: Option<Instant>, gone: &dyn Fn(usize) -> bool) -> std::io::Result<Message> {
         loop {
             match self.replies.recv_timeout(WATCH) {
+                Ok(Ok((m, _))) if m["op"] == "cancelled" => {
+                    let cancelled = gone(m["index"].as_u64().unwrap_or(u64::MAX) as usize);
+                    let reply = json!({"op": "cancelled_result", "seq": m["seq"], "cancelled": cancelled});
+                    self.process.writer.send(&reply, &[])?;
+                }
                 Ok(reply) => return reply,
                 Err(mpsc::RecvTimeoutError::Disconnected) => {
                     return Err(std::io::Error::other("the Python process is gone"));
@@ -157,6 +163,8 @@ fn read_loop(
             Some("cancel_infer") => cancels.cancel(msg["seq"].as_u64().unwrap_or(0)),
             Some("control") => launch.host_call(HostCall::Control(msg), writer.clone()),
             Some("response") => stream_response(model, streams, &msg, blobs),
+            // A request of the running batch that has no stream: its instance thread knows.
+            Some("cancelled") if msg.get("index").is_some() => _ = replies.send(Ok((msg, blobs))),
             Some("cancelled") => {
                 let handle = msg["handle"].as_u64().unwrap_or(0);
                 let gone =

@@ -208,10 +208,11 @@ class _Box:
     """What has been answered for one request: shared by its sender(s), the stub and the
     finalizer that runs once the model holds neither the request nor its sender."""
     __slots__ = ("decoupled", "handle", "closed", "response", "count", "abandoned", "sender_made", "on_done",
-                 "running", "error")
+                 "running", "error", "index")
 
-    def __init__(self, decoupled, handle):
+    def __init__(self, decoupled, handle, index=None):
         self.decoupled, self.handle, self.running, self.error = decoupled, handle, True, None
+        self.index = index  # its place in the batch, while that runs (a request with no stream)
         self.closed = self.abandoned = self.sender_made = False
         self.response, self.count, self.on_done = None, 0, None
 
@@ -331,7 +332,11 @@ class InferenceRequest:
     def is_cancelled(self):
         """Whether the client went away (its stream closed): the model may stop working on it."""
         box = self._slot.box if self._slot is not None else None
-        return box is not None and box.handle is not None and _CHANNEL.cancelled(box.handle)
+        if box is None:
+            return False
+        if box.handle is not None:
+            return _CHANNEL.cancelled(box.handle)
+        return box.index is not None and not box.closed and _CHANNEL.cancelled_in_batch(box.index)
 
     def get_response_sender(self):
         """Sends this request's responses during or after execute(): 0..n for a decoupled model,

@@ -240,6 +240,11 @@ class Channel:
         reply, _ = self._blocking({"op": "cancelled", "handle": handle})
         return bool(reply.get("cancelled"))
 
+    def cancelled_in_batch(self, index):
+        """Whether the client of the running batch's request `index` left."""
+        reply, _ = self._blocking({"op": "cancelled", "index": index})
+        return bool(reply.get("cancelled"))
+
     def control(self, msg):
         reply, _ = self._blocking({**msg, "op": "control", "call": msg["op"]})
         if reply.get("error"):
@@ -506,7 +511,7 @@ class Stub:
         described = msg["requests"]
         area = self.input_view(msg["region"]) if described else None
         frombuffer, dtypes, requests, boxes = np.frombuffer, NUMPY, [], []
-        for rid, params, handle, outputs, inputs in described:
+        for index, (rid, params, handle, outputs, inputs) in enumerate(described):
             tensors = []
             for name, datatype, shape, offset, size in inputs:
                 dtype = dtypes.get(datatype)
@@ -515,7 +520,7 @@ class Stub:
                 else:
                     array = frombuffer(area, dtype, size // dtype.itemsize, offset).reshape(shape)
                     tensors.append(pb_utils.Tensor._wrap(name, array.copy() if decoupled else array))
-            box = pb_utils._Box(decoupled, handle)
+            box = pb_utils._Box(decoupled, handle, None if decoupled else index)
             boxes.append(box)
             requests.append(pb_utils.InferenceRequest._from_ferry(
                 tensors, outputs, rid, params_text(params), box, sequence_of(params), self.identity))
