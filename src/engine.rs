@@ -27,6 +27,7 @@ use crate::{
     validate::{ValidatedRequest, validate},
 };
 
+pub mod ordering;
 mod stream;
 pub use stream::{ResponseStream, StreamItem};
 
@@ -348,10 +349,13 @@ impl Engine {
     ) -> (Arc<ModelVersion>, Result<InferResponse>) {
         let name = model.name.clone();
         if let Some(ensemble) = model.ensemble() {
+            ordering::queued();
             let result = self.run_ensemble(&model, Arc::clone(ensemble), validated).await;
             return (model, result);
         }
         if let (Some(seqs), Runner::Scheduler(scheduler)) = (&model.sequences, &model.runner) {
+            // In its sequence's backlog, in order: the stream's next request may go.
+            ordering::queued();
             let result = seqs
                 .run(validated, |req| async move {
                     match scheduler.submit(req) {
@@ -374,7 +378,10 @@ impl Engine {
                 );
             };
             match scheduler.submit(validated) {
-                Ok(reply) => break reply,
+                Ok(reply) => {
+                    ordering::queued();
+                    break reply;
+                }
                 Err(back) => {
                     let next = match self.registry.resolve(&name, requested) {
                         Ok(next) if Arc::ptr_eq(&next, &model) => {

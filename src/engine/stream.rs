@@ -62,6 +62,7 @@ impl Engine {
         let Ok(mut taken) = scheduler.submit(validated) else {
             return Err(Error::unavailable(format!("model '{}' is unloading", model.name)));
         };
+        super::ordering::queued();
         tokio::spawn(async move {
             let (name, version) = (model.name.clone(), model.version);
             let item = |s: Streamed, charge: Charge| StreamItem {

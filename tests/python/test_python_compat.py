@@ -437,3 +437,38 @@ def test_a_model_that_is_not_decoupled_sees_its_client_leave(tmp_path):
         future.cancel()
         assert s.wait_log("patient: the client left", timeout=30)
         assert "OUT" in str(s.client().get_model_metadata("patient"))
+
+
+# Answers each request with its place in the batch.
+PLACES = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([[str(i).encode()]], np.object_))])
+                for i, _ in enumerate(requests)]
+'''
+
+
+def test_requests_of_one_stream_are_batched_in_the_order_sent(tmp_path):
+    import queue
+    repo = str(tmp_path)
+    config = IO.replace("max_batch_size: 0", "max_batch_size: 8") + \
+        "dynamic_batching { preferred_batch_size: [ 6 ] max_queue_delay_microseconds: 20000000 }"
+    models.python_model(repo, "places", PLACES, config)
+    with Server(["--model-repository", repo]) as s:
+        got = queue.Queue()
+        with grpcclient.InferenceServerClient(s.grpc_url) as client:
+            client.start_stream(lambda result, error: got.put((result, error)))
+            for i in range(6):
+                x = grpcclient.InferInput("IN", [1, 1], "INT32").set_data_from_numpy(np.zeros((1, 1), np.int32))
+                client.async_stream_infer("places", [x], request_id=str(i))
+            answers = {}
+            for _ in range(6):
+                result, error = got.get(timeout=60)
+                assert error is None, error
+                answers[result.get_response().id] = int(result.as_numpy("OUT").reshape(-1)[0])
+            client.stop_stream()
+        assert answers == {str(i): i for i in range(6)}, answers

@@ -262,6 +262,8 @@ impl service::GrpcInferenceService for Grpc {
         let slots = Arc::new(tokio::sync::Semaphore::new(self.stream_inflight));
         let this = self.clone();
         tokio::spawn(async move {
+            // Each request reaches its model's queue after the one sent before it.
+            let mut line = crate::engine::ordering::Line::default();
             loop {
                 let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { break };
                 let next = tokio::select! {
@@ -283,7 +285,8 @@ impl service::GrpcInferenceService for Grpc {
                 }
                 let ticket = this.engine.admission().admit(req.encoded_len() as u64).map(Arc::new);
                 let (this, tx, trace) = (this.clone(), tx.clone(), trace.clone());
-                tokio::spawn(async move {
+                let place = line.place();
+                tokio::spawn(place.run(async move {
                     let _slot = slot;
                     let outcome = match ticket {
                         Err(e) => Err((e, failed_reply(&req))),
@@ -307,7 +310,7 @@ impl service::GrpcInferenceService for Grpc {
                         }),
                     };
                     let _ = tx.send((item, Charge::default())).await;
-                });
+                }));
             }
         });
         // A message's charge ends when tonic takes it to encode and send.
