@@ -143,7 +143,7 @@ impl Launch {
                     let (status, said) = p.death();
                     // Triton's words first (its tests and users grep for them).
                     let stub = stub.as_str().unwrap_or(&self.model);
-                    tracing::error!(model = %self.model, status = %status, "Stub process '{stub}' is not healthy: the Python process died during {what}: {said}");
+                    tracing::error!(model = %self.model, status = %status, "Stub process '{stub}' is not healthy. The Python process died during {what}: {said}");
                     let last = said.rsplit(" | ").next().unwrap_or_default();
                     return Err(fail(format!("{e}; the process {status}: {last}")));
                 }

@@ -155,6 +155,8 @@ class Tensor:
 
     @staticmethod
     def from_dlpack(name, capsule):
+        if not hasattr(capsule, "__dlpack__"):
+            raise TritonModelException("from_dlpack needs an object with __dlpack__ (a CPU tensor)")
         return Tensor(name, np.from_dlpack(capsule))
 
     def __repr__(self):
@@ -183,9 +185,22 @@ def get_output_config_by_name(model_config, name):
     return next((o for o in model_config.get("output", []) if o["name"] == name), None)
 
 
+_UNSET = object()
+
+
+def _typed(name, value, kinds, what):
+    """Triton's argument checks (its bindings raise TypeError for a wrong type)."""
+    if not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
+        raise TypeError(f"{what}: '{name}' must be {' or '.join(k.__name__ for k in kinds)}, not {type(value).__name__}")
+    return value
+
+
 class InferenceResponse:
-    def __init__(self, output_tensors=None, error=None, parameters=None):
-        self._outputs = list(output_tensors or [])
+    def __init__(self, output_tensors=_UNSET, error=None, parameters=None):
+        if output_tensors is _UNSET:
+            output_tensors = []
+        _typed("output_tensors", output_tensors, (list, tuple), "InferenceResponse")
+        self._outputs = list(output_tensors)
         if any(not isinstance(t, Tensor) for t in self._outputs):
             raise TritonModelException("InferenceResponse output_tensors must be a list of pb_utils.Tensor")
         self._error = error
@@ -270,12 +285,22 @@ class _Slot:
 class InferenceRequest:
     """A request ferry handed to `execute`, or a BLS request the model builds and runs."""
 
-    def __init__(self, model_name="", requested_output_names=None, inputs=None, model_version=-1,
+    def __init__(self, model_name=None, requested_output_names=None, inputs=None, model_version=-1,
                  parameters=None, timeout=0, request_id="", correlation_id=0, flags=0, preferred_memory=None,
                  trace=None, **_):
+        what = "InferenceRequest"
+        _typed("model_name", model_name, (str,), what)
+        _typed("inputs", inputs, (list, tuple), what)
+        _typed("requested_output_names", requested_output_names, (list, tuple), what)
+        for n in requested_output_names:
+            _typed("requested_output_names", n, (str,), what)
+        _typed("correlation_id", correlation_id, (int, str), what)
+        _typed("request_id", request_id, (str,), what)
+        for key, value in (("model_version", model_version), ("flags", flags), ("timeout", timeout)):
+            _typed(key, value, (int,), what)
         self._model_name, self._version, self._timeout = model_name, model_version, timeout
-        self._outputs = list(requested_output_names or [])
-        self._inputs = list(inputs or [])
+        self._outputs = list(requested_output_names)
+        self._inputs = list(inputs)
         if any(not isinstance(t, Tensor) for t in self._inputs):
             raise TritonModelException("InferenceRequest inputs must be a list of pb_utils.Tensor")
         if not isinstance(parameters, (str, dict, type(None))):
@@ -449,19 +474,19 @@ class Logger:
 
     @staticmethod
     def log_info(message):
-        _CHANNEL.log("INFO", str(message))
+        _CHANNEL.log("INFO", _typed("message", message, (str,), "Logger"))
 
     @staticmethod
     def log_warn(message):
-        _CHANNEL.log("WARN", str(message))
+        _CHANNEL.log("WARN", _typed("message", message, (str,), "Logger"))
 
     @staticmethod
     def log_error(message):
-        _CHANNEL.log("ERROR", str(message))
+        _CHANNEL.log("ERROR", _typed("message", message, (str,), "Logger"))
 
     @staticmethod
     def log_verbose(message):
-        _CHANNEL.log("VERBOSE", str(message))
+        _CHANNEL.log("VERBOSE", _typed("message", message, (str,), "Logger"))
 
 
 class ModelConfig:
