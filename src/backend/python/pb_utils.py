@@ -4,7 +4,6 @@ Written for ferry from Triton's documented API; any Python >= 3.9 with numpy."""
 import json
 import struct
 import threading
-import weakref
 
 import numpy as np
 
@@ -275,11 +274,15 @@ def _close_abandoned(box):
 
 class _Slot:
     """Held by a request and its sender; when both are gone, the request is abandoned."""
-    __slots__ = ("box", "__weakref__")
+    __slots__ = ("box",)
 
     def __init__(self, box):
         self.box = box
-        weakref.finalize(self, _abandon, box)
+
+    def __del__(self):
+        box = self.box
+        if not (box.closed or box.abandoned):
+            _abandon(box)
 
 
 class InferenceRequest:
