@@ -209,7 +209,16 @@ def test_a_process_that_died_while_idle_is_replaced_before_the_next_request(tmp_
     with Server(["--model-repository", repo]) as s:
         first = pid_of(s)
         os.kill(first, signal.SIGKILL)
-        while os.path.exists(f"/proc/{first}") and "Z" not in open(f"/proc/{first}/stat").read().split()[2]:
+
+        def dying():
+            # Until every thread of it is gone (its leader shows Z before that).
+            try:
+                return "Z" not in open(f"/proc/{first}/stat").read().split()[2] or \
+                    len(os.listdir(f"/proc/{first}/task")) > 1
+            except OSError:
+                return False
+
+        while dying():
             time.sleep(0.05)
         assert pid_of(s) != first
 

@@ -196,8 +196,9 @@ impl PythonInstance {
     }
 
     fn run(&mut self, requests: &[BackendRequest<'_>]) -> Result<Vec<Result<Answer>>> {
-        // A process that died while idle is replaced before the batch goes to it.
-        if self.link.process.exited() {
+        // A process that died while idle is replaced before the batch goes to it (its socket
+        // may close a moment before the kernel reports it exited).
+        if self.link.gone_while_idle() || self.link.process.exited() {
             let (status, said) = self.link.process.death();
             self.restart(&format!("it ended while idle ({status}); it last said: {said}"));
         }

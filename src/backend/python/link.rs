@@ -111,6 +111,15 @@ impl Link {
         handle
     }
 
+    /// Whether the reader already saw the process go (its socket closed) while no call was out;
+    /// a stale reply left over is dropped.
+    pub fn gone_while_idle(&self) -> bool {
+        match self.replies.try_recv() {
+            Ok(Err(_)) | Err(mpsc::TryRecvError::Disconnected) => true,
+            Ok(Ok(_)) | Err(mpsc::TryRecvError::Empty) => false,
+        }
+    }
+
     /// The process's reply to the call just sent.
     pub fn reply(&self, timeout: Option<Duration>) -> std::io::Result<Message> {
         let got = match timeout {
