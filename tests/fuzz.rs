@@ -17,6 +17,13 @@ struct Counting;
 
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// The counters are the process's: one fuzz test at a time, or one's allocations count for the
+/// other's.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn alone() -> std::sync::MutexGuard<'static, ()> {
+    ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -152,6 +159,7 @@ fn kserve_seeds() -> Vec<Vec<u8>> {
 
 #[test]
 fn fuzz_every_decoder() {
+    let _alone = alone();
     let shm = ferry::shm::SharedMemory::new(false);
     // KServe JSON, and the binary extension (the header length from the input's last byte).
     fuzz(
@@ -393,6 +401,7 @@ fn fuzz_every_decoder() {
 /// announced lengths, tensor descriptions), on mutated messages.
 #[test]
 fn fuzz_configs_and_the_python_protocol() {
+    let _alone = alone();
     let hostile = br#"name: "m" max_batch_size: 8
 input [ { name: "x" data_type: TYPE_FP32 dims: [ 4 ] } ]
 output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
