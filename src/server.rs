@@ -83,6 +83,7 @@ impl Listen {
             .max_concurrent_streams(Some(l.grpc_max_concurrent_streams))
             .http2_keepalive_interval(Some(Duration::from_secs(60)))
             .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+            .layer(grpc::deadline::DeadlineLayer)
             .layer(AdmitLayer { admission: Arc::clone(&self.admission) })
             .layer(RestrictLayer(Arc::new(rules)))
             .add_service(inference)

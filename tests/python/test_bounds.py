@@ -10,9 +10,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
 import models
+import raw_grpc
 from ferry_server import Server
 
 
@@ -276,6 +278,21 @@ def test_a_request_dropped_while_it_runs_frees_its_sequence(sequences):
         sequence_step(client, "slow_sequence", 7, -1.0, start=True, timeout=0.5)
     # The sequence is free again (before, busy for ever: this request hung).
     assert sequence_step(client, "slow_sequence", 7, 1.0, end=True, timeout=20) == 8.0
+
+
+def test_a_server_side_deadline_answers_deadline_exceeded_and_frees_the_sequence(sequences):
+    # Only the server keeps this deadline (the raw client waits 30 s): it answers as gRPC
+    # servers do (before, tonic's "CANCELLED: Timeout expired" raced the client's own timer).
+    req = service_pb2.ModelInferRequest(model_name="slow_sequence")
+    req.parameters["sequence_id"].int64_param = 11
+    req.parameters["sequence_start"].bool_param = True
+    req.inputs.add(name="INPUT", datatype="FP32", shape=[1, 1])
+    req.raw_input_contents.append(np.array([[-1.0]], dtype=np.float32).tobytes())
+    status, message, _ = raw_grpc.call(sequences.grpc_port, "/inference.GRPCInferenceService/ModelInfer",
+                                       req.SerializeToString(), [("grpc-timeout", "300m")])
+    assert (status, message) == (4, "Deadline Exceeded")
+    client = sequences.grpc_client()
+    assert sequence_step(client, "slow_sequence", 11, 1.0, end=True, timeout=20) == 12.0
 
 
 def test_sequence_ids_that_do_not_fit_the_corrid_input_are_refused(sequences):

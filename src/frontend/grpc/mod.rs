@@ -23,6 +23,7 @@ use crate::{
 
 mod admin;
 pub mod convert;
+pub mod deadline;
 
 fn status(e: Error) -> Status {
     Status::new(Code::from_i32(e.grpc_code()), e.message())
