@@ -242,3 +242,43 @@ def test_a_response_returned_for_a_rescheduled_request_is_tritons_error(tmp_path
     with Server(["--model-repository", repo]) as s:
         with pytest.raises(InferenceServerException, match="Expected a None object in the execute function return"):
             s.client().infer("both", [plan_input(httpclient, {})])
+
+
+# {"forever": true}: rescheduled for ever; {"hold": true}: its sender kept and never used;
+# otherwise answered 7. One instance, so a request it never lets go of would hold it for good.
+NEVER_LETS_GO = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+HELD = []
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            how = json.loads(pb_utils.get_input_tensor_by_name(r, "PLAN").as_numpy().reshape(-1)[0])
+            if how.get("forever"):
+                r.set_release_flags(pb_utils.TRITONSERVER_REQUEST_RELEASE_RESCHEDULE)
+            elif how.get("hold"):
+                HELD.append((r, r.get_response_sender()))
+            else:
+                out = pb_utils.Tensor("OUT", np.array([7], np.int32))
+                r.get_response_sender().send(pb_utils.InferenceResponse([out]),
+                                             flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+
+@pytest.mark.parametrize("how", [{"forever": True}, {"hold": True}], ids=["rescheduled for ever", "never answered"])
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["def", "async def"])
+def test_a_request_the_model_never_lets_go_ends_when_its_client_leaves(tmp_path, how, asynchronous):
+    code = NEVER_LETS_GO.replace("    def execute", "    async def execute") if asynchronous else NEVER_LETS_GO
+    models.python_model(str(tmp_path), "clingy", code, PLAN_IO)
+    with Server(["--model-repository", str(tmp_path)]) as s:
+        client = s.grpc_client()
+        with pytest.raises(InferenceServerException, match="Deadline"):
+            client.infer("clingy", [plan_input(grpcclient, how)], client_timeout=1)
+        # Before, the only instance stayed with the first request for good and this one hung.
+        r = client.infer("clingy", [plan_input(grpcclient, {})], client_timeout=30)
+        assert r.as_numpy("OUT").tolist() == [7]

@@ -24,6 +24,9 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
+# What a request whose client went away ends with, and how often held requests are checked.
+CANCELLED = "Request was cancelled: its client went away"
+HELD_CHECK_SECONDS = 0.5
 REPLIES = frozenset(("infer_result", "control_result", "cancelled_result"))
 # What a BLS stream may hold unread before it is cut (as ferry bounds a client's stream).
 STREAM_BACKLOG, STREAM_BACKLOG_BYTES = 64, 64 << 20
@@ -536,7 +539,7 @@ class Stub:
     def rerun(self, again):
         """Runs what the model rescheduled until it releases them (Triton requeues them; here
         they run again at once, on this instance)."""
-        while again:
+        while again := self.without_gone(again):
             boxes = [r._slot.box for r in again]
             more, failed = self.run_once(again)
             if failed is None:
@@ -599,6 +602,33 @@ class Stub:
         text = f"Failed to process the request(s) for model '{self.instance}', message: {describe(error)}"
         self.channel.log("ERROR", text)
         self.channel.log("VERBOSE", trace_of(error))
+        return self.close(boxes, text)
+
+    def without_gone(self, again):
+        """The rescheduled requests whose clients are still there; the others end cancelled, as
+        Triton's queue drops them (a model that reschedules for ever holds its instance only
+        while someone waits)."""
+        gone = [r for r in again if r.is_cancelled()]
+        if gone:
+            self.close([r._slot.box for r in gone], CANCELLED)
+        return [r for r in again if not any(r is g for g in gone)]
+
+    def await_held(self, boxes):
+        """Waits for the responses of requests the model kept past execute(); one whose client
+        went away ends cancelled (a model that never answers holds its instance no longer than
+        its clients wait)."""
+        while True:
+            with pb_utils._STATE:
+                if all(b.done() for b in boxes):
+                    return
+                pb_utils._STATE.wait(timeout=HELD_CHECK_SECONDS)
+                pending = [b for b in boxes if not b.done() and b.index is not None]
+            gone = [b for b in pending if self.channel.cancelled_in_batch(b.index)]
+            if gone:
+                self.close(gone, CANCELLED)
+
+    def close(self, boxes, text):
+        """Closes every box not yet closed with the error `text`."""
         with pb_utils._STATE:
             for box in boxes:
                 if box.closed:
@@ -632,9 +662,7 @@ class Stub:
             return self.settle_decoupled(boxes, error)
         if error is None and not all(b.done() for b in boxes):
             gc.collect()  # requests the model let go of in a cycle are abandoned now
-            with pb_utils._STATE:
-                while not all(b.done() for b in boxes):
-                    pb_utils._STATE.wait()
+            self.await_held(boxes)
         return self.answers(boxes, error)
 
     async def execute_async(self, msg):
@@ -658,7 +686,7 @@ class Stub:
         if error is None:
             error = self.outcome(boxes, returned, requests)
         again = rescheduled(requests) if error is None else []
-        while again:
+        while again := self.without_gone(again):
             again_boxes = [r._slot.box for r in again]
             more, failed = None, None
             try:
@@ -686,7 +714,13 @@ class Stub:
                 for b in boxes:
                     b.on_done = lambda: loop.call_soon_threadsafe(check)
             check()
-            await settled.wait()
+            while not settled.is_set():
+                try:
+                    await asyncio.wait_for(settled.wait(), HELD_CHECK_SECONDS)
+                except asyncio.TimeoutError:
+                    gone = [b for b in boxes
+                            if not b.done() and b.index is not None and self.channel.cancelled_in_batch(b.index)]
+                    self.close(gone, CANCELLED)
         return self.answers(boxes, error)
 
     def in_background(self, coroutine, requests, boxes):
@@ -703,7 +737,7 @@ class Stub:
             error = pb_utils.TritonModelException("the model's coroutine was cancelled")
         elif error is None:
             error = self.outcome(boxes, task.result(), requests)
-        again = rescheduled(requests) if error is None else []
+        again = self.without_gone(rescheduled(requests)) if error is None else []
         del task
         if again:
             try:
