@@ -282,10 +282,13 @@ impl Engine {
                 return Err(e);
             }
         };
+        // A caller that goes away before the reply counts as a cancelled failure, as in Triton.
+        let mut gone = CountedIfDropped { stats: Some(Arc::clone(&model.stats)), start };
         let (model, mut result) = match cache {
             Some((cache, key)) => self.infer_cached(cache, key, (model, version), validated, start).await,
             None => self.submit(model, version, validated).await,
         };
+        gone.stats = None;
         if let Ok(resp) = &mut result
             && let Err(e) = self.write_shm_outputs(&shm_targets, resp)
         {
@@ -548,6 +551,20 @@ impl crate::backend::Host for Engine {
 
     fn ready(&self, name: &str, version: Option<u64>) -> bool {
         self.model_ready(name, version).is_ok()
+    }
+}
+
+/// Records a cancelled failure when dropped armed (the request's caller went away mid-way).
+struct CountedIfDropped {
+    stats: Option<Arc<crate::stats::Stats>>,
+    start: Instant,
+}
+
+impl Drop for CountedIfDropped {
+    fn drop(&mut self) {
+        if let Some(stats) = self.stats.take() {
+            stats.record_failure(self.start.elapsed(), crate::error::Origin::Cancelled);
+        }
     }
 }
 

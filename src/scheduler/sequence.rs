@@ -9,7 +9,10 @@
 //! made here per request.
 use std::{
     collections::{BTreeMap, VecDeque},
-    sync::{Arc, Mutex},
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
     time::{Duration, Instant},
 };
 
@@ -90,14 +93,33 @@ struct Seq {
     states: Vec<Bytes>,
     last: Instant,
     busy: bool,
+    /// A request of it was cancelled while it waited: the sequence ends once the one running is done.
+    cancelled: bool,
+}
+
+/// The requests of one sequence waiting their turn, in arrival order. Cancelling one cancels
+/// the sequence, as Triton does: every request of it still waiting ends CANCELLED.
+#[derive(Default)]
+struct Line {
+    tickets: VecDeque<u64>,
+    cancelled: Arc<AtomicBool>,
 }
 
 #[derive(Default)]
 struct Inner {
     active: BTreeMap<SeqId, Seq>,
+    /// Each sequence with requests waiting (for a slot, for START, for the one running).
+    lines: BTreeMap<SeqId, Line>,
     /// Sequences waiting for a slot (their START requests), oldest first.
     waiting: VecDeque<u64>,
     next_ticket: u64,
+}
+
+impl Inner {
+    fn ticket(&mut self) -> u64 {
+        self.next_ticket += 1;
+        self.next_ticket
+    }
 }
 
 pub struct Sequences {
@@ -223,12 +245,12 @@ impl Sequences {
                 }
                 seq.busy = false;
                 seq.last = Instant::now();
-                f.end
+                f.end || seq.cancelled
             }
             (Err(_), Some(seq)) => {
                 seq.busy = false;
                 seq.last = Instant::now();
-                f.end
+                f.end || seq.cancelled
             }
             (_, None) => false,
         };
@@ -243,53 +265,75 @@ impl Sequences {
         })
     }
 
-    /// The sequence's states, once it may run its next request: START takes a slot (waiting
-    /// while all are taken), any other request needs an active sequence, and a sequence runs one
-    /// request at a time.
+    /// The sequence's states, once it may run its next request: requests of a sequence take
+    /// their turn in arrival order (a request behind a START that waits for a slot waits too);
+    /// START takes a slot (waiting while all are taken), any other request needs an active
+    /// sequence, and a sequence runs one request at a time.
     async fn acquire(&self, f: &Flags) -> Result<Vec<Bytes>> {
         let model = &self.plan.model;
-        // A START that gives up while waiting for a slot leaves the line.
-        let mut place = Place { seqs: self, ticket: None };
-        let ticket = &mut place.ticket;
+        // Dropped while it waits (its caller went away), it cancels its sequence.
+        let mut turn = {
+            let mut inner = self.lock();
+            let ticket = inner.ticket();
+            let line = inner.lines.entry(f.id.clone()).or_default();
+            line.tickets.push_back(ticket);
+            Turn { seqs: self, id: &f.id, ticket, cancelled: Arc::clone(&line.cancelled), slot: None, over: false }
+        };
         loop {
             let notified = self.changed.notified();
             {
                 let mut inner = self.lock();
                 self.sweep(&mut inner, Instant::now());
-                match inner.active.get_mut(&f.id) {
-                    Some(_) if f.start && ticket.is_none() => {
-                        return Err(Error::invalid(format!(
+                if turn.cancelled.load(Ordering::Acquire) {
+                    turn.leave(&mut inner);
+                    return Err(Error::new(
+                        crate::error::ErrorKind::Cancelled,
+                        format!("request cancelled: a request of sequence {} to model '{model}' was cancelled", f.id),
+                    )
+                    .with_origin(crate::error::Origin::Cancelled));
+                }
+                let first = inner.lines.get(&f.id).and_then(|l| l.tickets.front()) == Some(&turn.ticket);
+                let outcome = if !first {
+                    None
+                } else {
+                    match inner.active.get_mut(&f.id) {
+                        Some(_) if f.start => Some(Err(Error::invalid(format!(
                             "inference request for sequence {} to model '{model}' specifies the START flag, but the sequence is already active; end it first (sequence_end)",
                             f.id
-                        )));
-                    }
-                    Some(seq) if !seq.busy => {
-                        seq.busy = true;
-                        return Ok(seq.states.clone());
-                    }
-                    Some(_) => {}
-                    None if !f.start => {
-                        return Err(Error::invalid(format!(
+                        )))),
+                        Some(seq) if !seq.busy => {
+                            seq.busy = true;
+                            Some(Ok(seq.states.clone()))
+                        }
+                        Some(_) => None,
+                        None if !f.start => Some(Err(Error::invalid(format!(
                             "inference request for sequence {} to model '{model}' must specify the START flag on the first request of the sequence",
                             f.id
-                        )));
-                    }
-                    None => {
-                        let t = *ticket.get_or_insert_with(|| {
-                            inner.next_ticket += 1;
-                            let t = inner.next_ticket;
-                            inner.waiting.push_back(t);
-                            t
-                        });
-                        if inner.active.len() < self.plan.slots && inner.waiting.front() == Some(&t) {
-                            inner.waiting.pop_front();
-                            let states: Vec<Bytes> = self.plan.states.iter().map(|s| s.initial.clone()).collect();
-                            inner
-                                .active
-                                .insert(f.id.clone(), Seq { states: states.clone(), last: Instant::now(), busy: true });
-                            return Ok(states);
+                        )))),
+                        None => {
+                            let t = match turn.slot {
+                                Some(t) => t,
+                                None => {
+                                    let t = inner.ticket();
+                                    inner.waiting.push_back(t);
+                                    *turn.slot.insert(t)
+                                }
+                            };
+                            (inner.active.len() < self.plan.slots && inner.waiting.front() == Some(&t)).then(|| {
+                                let states: Vec<Bytes> = self.plan.states.iter().map(|s| s.initial.clone()).collect();
+                                let seq =
+                                    Seq { states: states.clone(), last: Instant::now(), busy: true, cancelled: false };
+                                inner.active.insert(f.id.clone(), seq);
+                                Ok(states)
+                            })
                         }
                     }
+                };
+                if let Some(outcome) = outcome {
+                    turn.leave(&mut inner);
+                    drop(inner);
+                    self.changed.notify_waiters();
+                    return outcome;
                 }
             }
             // Waiting (a slot, or the sequence's previous request): woken by changes, and now and
@@ -323,21 +367,58 @@ impl Sequences {
     }
 }
 
-/// A START's place in the line for a slot; dropped, it leaves the line (and the next may go).
-struct Place<'a> {
+/// A request's turn in its sequence's line (and its START's place in the line for a slot);
+/// dropped while it waits, its sequence is cancelled: the line goes (every request in it ends
+/// CANCELLED), and the sequence ends now, or once its running request is done.
+struct Turn<'a> {
     seqs: &'a Sequences,
-    ticket: Option<u64>,
+    id: &'a SeqId,
+    ticket: u64,
+    cancelled: Arc<AtomicBool>,
+    slot: Option<u64>,
+    over: bool,
 }
 
-impl Drop for Place<'_> {
-    fn drop(&mut self) {
-        let Some(t) = self.ticket else { return };
-        let mut inner = self.seqs.lock();
-        if let Some(at) = inner.waiting.iter().position(|&w| w == t) {
+impl Turn<'_> {
+    /// Its wait is over (it runs, or it was answered): it leaves both lines.
+    fn leave(&mut self, inner: &mut Inner) {
+        self.over = true;
+        if let Some(t) = self.slot.take()
+            && let Some(at) = inner.waiting.iter().position(|&w| w == t)
+        {
             inner.waiting.remove(at);
-            drop(inner);
-            self.seqs.changed.notify_waiters();
         }
+        let Some(line) = inner.lines.get_mut(self.id) else { return };
+        if !Arc::ptr_eq(&line.cancelled, &self.cancelled) {
+            return;
+        }
+        line.tickets.retain(|&t| t != self.ticket);
+        if line.tickets.is_empty() {
+            inner.lines.remove(self.id);
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if self.over {
+            return;
+        }
+        let mut inner = self.seqs.lock();
+        self.leave(&mut inner);
+        self.cancelled.store(true, Ordering::Release);
+        if inner.lines.get(self.id).is_some_and(|l| Arc::ptr_eq(&l.cancelled, &self.cancelled)) {
+            inner.lines.remove(self.id);
+        }
+        match inner.active.get_mut(self.id) {
+            Some(seq) if seq.busy => seq.cancelled = true,
+            Some(_) => {
+                inner.active.remove(self.id);
+            }
+            None => {}
+        }
+        drop(inner);
+        self.seqs.changed.notify_waiters();
     }
 }
 
@@ -351,10 +432,15 @@ struct Busy<'a> {
 impl Drop for Busy<'_> {
     fn drop(&mut self) {
         let Some(id) = self.id else { return };
-        if let Some(seq) = self.seqs.lock().active.get_mut(id) {
+        let mut inner = self.seqs.lock();
+        if let Some(seq) = inner.active.get_mut(id) {
             seq.busy = false;
             seq.last = Instant::now();
+            if seq.cancelled {
+                inner.active.remove(id);
+            }
         }
+        drop(inner);
         self.seqs.changed.notify_waiters();
     }
 }
@@ -557,4 +643,149 @@ pub fn batching(config: &ModelConfig) -> Option<crate::proto::inference::ModelDy
         None => {}
     }
     Some(db)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::ErrorKind;
+    use tokio::sync::oneshot;
+
+    fn seqs() -> Arc<Sequences> {
+        Sequences::new(SequencePlan {
+            model: "m".into(),
+            slots: 1,
+            idle: Duration::from_secs(60),
+            states: vec![],
+            controls: vec![],
+            client_outputs: 0,
+            corrid: None,
+            batching: false,
+            iterative: false,
+        })
+    }
+
+    fn req(id: u64, start: bool, end: bool) -> ValidatedRequest {
+        let mut parameters = crate::request::Parameters::new();
+        parameters.insert("sequence_id".into(), ParamValue::Uint(id));
+        parameters.insert("sequence_start".into(), ParamValue::Bool(start));
+        parameters.insert("sequence_end".into(), ParamValue::Bool(end));
+        ValidatedRequest {
+            id: String::new(),
+            parameters,
+            rows: 1,
+            inputs: vec![],
+            outputs: vec![],
+            batch_key: vec![],
+            priority: 0,
+            timeout_us: None,
+            span: tracing::Span::none(),
+            stream: None,
+            device_outputs: vec![],
+            context: Default::default(),
+        }
+    }
+
+    fn answer() -> Result<InferResponse> {
+        Ok(InferResponse {
+            model_name: "m".into(),
+            model_version: 1,
+            id: String::new(),
+            parameters: Default::default(),
+            outputs: vec![],
+        })
+    }
+
+    /// Runs a request whose execution ends when `release` is sent; reports `tag` once it runs.
+    fn spawn(
+        s: &Arc<Sequences>,
+        r: ValidatedRequest,
+        ran: tokio::sync::mpsc::UnboundedSender<u32>,
+        tag: u32,
+    ) -> (tokio::task::JoinHandle<Result<InferResponse>>, oneshot::Sender<()>) {
+        let (release, wait) = oneshot::channel::<()>();
+        let s = Arc::clone(s);
+        let task = tokio::spawn(async move {
+            s.run(r, |_| async move {
+                let _ = ran.send(tag);
+                let _ = wait.await;
+                answer()
+            })
+            .await
+        });
+        (task, release)
+    }
+
+    async fn settle() {
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn requests_behind_a_start_that_waits_for_a_slot_wait_too_and_run_in_order() {
+        let s = seqs();
+        let (tx, mut ran) = tokio::sync::mpsc::unbounded_channel();
+        let (first, release1) = spawn(&s, req(1, true, true), tx.clone(), 1);
+        settle().await;
+        let (start2, release2) = spawn(&s, req(2, true, false), tx.clone(), 2);
+        settle().await;
+        let (next2, release3) = spawn(&s, req(2, false, false), tx.clone(), 3);
+        let (last2, release4) = spawn(&s, req(2, false, true), tx.clone(), 4);
+        settle().await;
+        assert_eq!(s.counts().waiting, 1);
+        assert!(!next2.is_finished(), "answered early: it must wait behind its START");
+        release1.send(()).unwrap();
+        first.await.unwrap().unwrap();
+        for release in [release2, release3, release4] {
+            settle().await;
+            release.send(()).unwrap();
+        }
+        for task in [start2, next2, last2] {
+            task.await.unwrap().unwrap();
+        }
+        let order: Vec<u32> = std::iter::from_fn(|| ran.try_recv().ok()).collect();
+        assert_eq!(order, vec![1, 2, 3, 4]);
+        assert_eq!(s.counts().active, 0);
+    }
+
+    #[tokio::test]
+    async fn cancelling_a_waiting_request_cancels_its_whole_sequence() {
+        let s = seqs();
+        let (tx, _ran) = tokio::sync::mpsc::unbounded_channel();
+        let (running, release) = spawn(&s, req(1, true, false), tx.clone(), 1);
+        settle().await;
+        let (queued_a, _ra) = spawn(&s, req(1, false, false), tx.clone(), 2);
+        let (queued_b, _rb) = spawn(&s, req(1, false, false), tx.clone(), 3);
+        settle().await;
+        queued_a.abort();
+        let err = queued_b.await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
+        // The running request finishes; then the sequence is gone and its slot free.
+        release.send(()).unwrap();
+        running.await.unwrap().unwrap();
+        assert_eq!(s.counts().active, 0);
+        let err = s.run(req(1, false, true), |_| async { answer() }).await.unwrap_err();
+        assert!(err.message().contains("must specify the START flag"), "{err}");
+        s.run(req(3, true, true), |_| async { answer() }).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn cancelling_a_backlogged_start_cancels_the_requests_behind_it() {
+        let s = seqs();
+        let (tx, _ran) = tokio::sync::mpsc::unbounded_channel();
+        let (holder, release) = spawn(&s, req(1, true, true), tx.clone(), 1);
+        settle().await;
+        let (start2, _r2) = spawn(&s, req(2, true, false), tx.clone(), 2);
+        settle().await;
+        let (next2, _r3) = spawn(&s, req(2, false, true), tx.clone(), 3);
+        settle().await;
+        start2.abort();
+        let err = next2.await.unwrap().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Cancelled, "{err}");
+        assert_eq!(s.counts().waiting, 0);
+        release.send(()).unwrap();
+        holder.await.unwrap().unwrap();
+        s.run(req(4, true, true), |_| async { answer() }).await.unwrap();
+    }
 }
