@@ -23,7 +23,10 @@ use object_store::{
     path::Path as ObjPath,
 };
 
-use super::checksums::{self, Checksums};
+use super::{
+    checksums::{self, Checksums},
+    cloud_credentials::{AzureKey, CloudCredentials, S3Key},
+};
 
 /// How to reach object storage, from the command line and the environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,6 +38,11 @@ pub struct StorageSettings {
     pub gcs_endpoint: Option<String>,
     /// GOOGLE_APPLICATION_CREDENTIALS.
     pub gcs_credentials: Option<PathBuf>,
+    /// TRITON_CLOUD_CREDENTIAL_PATH: per-prefix credentials for every scheme.
+    pub credential_file: Option<PathBuf>,
+    /// AZURE_STORAGE_AUTH_TYPE (`managed_identity`, `default`) and AZURE_STORAGE_CLIENT_ID.
+    pub azure_auth: Option<String>,
+    pub azure_client_id: Option<String>,
     /// Read without credentials (public buckets, emulators). Never a silent fallback.
     pub anonymous: bool,
     /// Objects fetched at once.
@@ -51,6 +59,9 @@ impl Default for StorageSettings {
             s3_region: None,
             gcs_endpoint: None,
             gcs_credentials: None,
+            credential_file: None,
+            azure_auth: None,
+            azure_client_id: None,
             anonymous: false,
             parallel: 16,
             part_size: 16 << 20,
@@ -218,12 +229,25 @@ impl Location {
     }
 }
 
-async fn s3(bucket: &str, endpoint: Option<&str>, s: &StorageSettings) -> Result<Opened, String> {
-    // An endpoint the URL names wins over --s3-endpoint.
-    let s =
-        &StorageSettings { s3_endpoint: endpoint.map(str::to_string).or_else(|| s.s3_endpoint.clone()), ..s.clone() };
+async fn s3(bucket: &str, endpoint: Option<&str>, key: Option<&S3Key>, s: &StorageSettings) -> Result<Opened, String> {
+    // An endpoint the URL names wins over --s3-endpoint; a credential file's region over the flag.
+    let region = key.map(|k| k.region.clone()).filter(|r| !r.is_empty()).or_else(|| s.s3_region.clone());
+    let s = &StorageSettings {
+        s3_endpoint: endpoint.map(str::to_string).or_else(|| s.s3_endpoint.clone()),
+        s3_region: region,
+        ..s.clone()
+    };
     let mut b = AmazonS3Builder::new().with_bucket_name(bucket).with_retry(retry(s.retries));
-    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest()).load().await;
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+    if let Some(k) = key.filter(|k| !k.profile.is_empty()) {
+        loader = loader.profile_name(&k.profile);
+    }
+    if let Some(k) = key.filter(|k| !k.key_id.is_empty()) {
+        let token = Some(k.session_token.clone()).filter(|t| !t.is_empty());
+        let creds = aws_credential_types::Credentials::new(&k.key_id, &k.secret_key, token, None, "credential file");
+        loader = loader.credentials_provider(creds);
+    }
+    let sdk = loader.load().await;
     let region = match (&s.s3_region, sdk.region(), &s.s3_endpoint) {
         (Some(r), _, _) => r.clone(),
         (None, Some(r), _) => r.to_string(),
@@ -300,24 +324,67 @@ fn gcs(bucket: &str, s: &StorageSettings) -> Result<Opened, String> {
 /// Azure Blob Storage: the account from the URL (`as://`) or AZURE_STORAGE_ACCOUNT, the key from
 /// AZURE_STORAGE_KEY (Triton's variables) or object_store's own, else the default credential
 /// chain (managed identity, workload identity, the Azure CLI).
-fn azure(account: Option<&str>, container: &str, s: &StorageSettings) -> Result<Opened, String> {
+fn azure(
+    account: Option<&str>,
+    container: &str,
+    file: Option<&AzureKey>,
+    s: &StorageSettings,
+) -> Result<Opened, String> {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+    let given = |v: &str| Some(v.to_string()).filter(|v| !v.is_empty());
     let mut b = MicrosoftAzureBuilder::from_env().with_container_name(container).with_retry(retry(s.retries));
-    let account = account.map(str::to_string).or_else(|| env("AZURE_STORAGE_ACCOUNT"));
+    let account = account
+        .map(str::to_string)
+        .or_else(|| file.and_then(|f| given(&f.account_str)))
+        .or_else(|| env("AZURE_STORAGE_ACCOUNT"));
     if let Some(a) = &account {
         b = b.with_account(a);
     }
-    let principal = if s.anonymous {
-        b = b.with_skip_signature(true);
-        "anonymous (--storage-anonymous)".to_string()
-    } else if let Some(key) = env("AZURE_STORAGE_KEY") {
-        b = b.with_access_key(key);
-        format!("the account key of '{}'", account.as_deref().unwrap_or("?"))
-    } else {
-        "Azure default credentials".to_string()
+    // A credential file entry decides alone; else Triton's variables.
+    let (key, auth, client) = match file {
+        Some(f) => (given(&f.account_key), given(&f.auth_type), given(&f.client_id)),
+        None => (env("AZURE_STORAGE_KEY"), s.azure_auth.clone(), s.azure_client_id.clone()),
+    };
+    let principal = match (s.anonymous, auth.as_deref(), key) {
+        (true, _, _) => {
+            b = b.with_skip_signature(true);
+            "anonymous (--storage-anonymous)".to_string()
+        }
+        (false, Some(kind), _) => {
+            let (credential, principal) = azure_auth(kind, client.as_deref())?;
+            b = b.with_credential_type(credential);
+            if let Some(id) = client {
+                b = b.with_client_id(id);
+            }
+            principal
+        }
+        (false, None, Some(key)) => {
+            b = b.with_access_key(key);
+            format!("the account key of '{}'", account.as_deref().unwrap_or("?"))
+        }
+        (false, None, None) => "Azure default credentials".to_string(),
     };
     let store = b.build().map_err(|e| format!("cannot open Azure container '{container}': {e}"))?;
     Ok((Arc::new(store), principal, None))
+}
+
+/// What AZURE_STORAGE_AUTH_TYPE (or a credential file's `auth_type`) asks of object_store, and
+/// who that makes us.
+fn azure_auth(kind: &str, client: Option<&str>) -> Result<(&'static str, String), String> {
+    match kind {
+        "managed_identity" => Ok((
+            "managed_identity",
+            match client {
+                Some(id) => format!("the user-assigned managed identity {id}"),
+                None => "the system-assigned managed identity".to_string(),
+            },
+        )),
+        "default" => Ok(("auto", "Azure's default credential chain".to_string())),
+        other => Err(format!(
+            "AZURE_STORAGE_AUTH_TYPE '{other}' is not one ferry knows: use managed_identity or default (or leave it \
+             unset for AZURE_STORAGE_KEY)"
+        )),
+    }
 }
 
 impl Remote {
@@ -328,10 +395,16 @@ impl Remote {
 
     pub async fn open(url: &str, s: &StorageSettings) -> Result<Remote, String> {
         let at = Location::parse(url)?;
+        let file = s.credential_file.as_deref().map(CloudCredentials::read).transpose()?;
         let (store, principal, checksums) = match at.scheme {
-            "s3" => s3(&at.bucket, at.host.as_deref(), s).await?,
-            "gs" => gcs(&at.bucket, s)?,
-            _ => azure(at.host.as_deref(), &at.bucket, s)?,
+            "s3" => s3(&at.bucket, at.host.as_deref(), file.as_ref().and_then(|f| f.s3(url)), s).await?,
+            "gs" => match file.as_ref().and_then(|f| f.gcs(url)) {
+                Some(key) => {
+                    gcs(&at.bucket, &StorageSettings { gcs_credentials: Some(key.to_path_buf()), ..s.clone() })?
+                }
+                None => gcs(&at.bucket, s)?,
+            },
+            _ => azure(at.host.as_deref(), &at.bucket, file.as_ref().and_then(|f| f.azure(url)), s)?,
         };
         Ok(Remote {
             url: url.trim_end_matches('/').to_string(),
@@ -560,6 +633,14 @@ pub fn md5_hex(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn azure_auth_types_are_tritons() {
+        assert_eq!(azure_auth("managed_identity", None).unwrap().0, "managed_identity");
+        assert!(azure_auth("managed_identity", Some("cid")).unwrap().1.contains("cid"));
+        assert_eq!(azure_auth("default", None).unwrap().0, "auto");
+        assert!(azure_auth("password", None).unwrap_err().contains("'password'"));
+    }
 
     #[test]
     fn urls_in_tritons_forms() {

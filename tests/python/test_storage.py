@@ -220,9 +220,7 @@ def test_explicit_loads_from_a_bucket(bucket, tmp_path):
 
 def test_missing_credentials_and_buckets_are_clear_errors(storage, tmp_path):
     if storage.kind == "s3":
-        env = {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_PROFILE": "",
-               "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
-               "AWS_EC2_METADATA_DISABLED": "true", "AWS_REGION": "us-east-1"}
+        env = no_aws_credentials(tmp_path)
         args = [f"--s3-endpoint={storage.endpoint}"]
         expected = "no AWS credentials for s3://nobody"
     else:
@@ -317,5 +315,39 @@ def test_an_s3_compatible_store_named_in_the_url_as_triton_writes_it(tmp_path, f
         with Server(["--model-repository", url, "--storage-retries=1", f"--model-cache-dir={tmp_path / 'cache'}"],
                     env=bucket.server_env()) as s:
             assert served_version(s.client()) == (1, 1)
+    finally:
+        storage.stop()
+
+
+def no_aws_credentials(tmp_path):
+    return {"AWS_ACCESS_KEY_ID": "", "AWS_SECRET_ACCESS_KEY": "", "AWS_PROFILE": "",
+            "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+            "AWS_EC2_METADATA_DISABLED": "true", "AWS_REGION": "us-east-1"}
+
+
+def test_triton_cloud_credential_path_gives_each_prefix_its_keys(tmp_path):
+    storage = StorageServer("s3")
+    try:
+        bucket = storage.bucket("cred-file")
+        upload_version(bucket, "repo", tmp_path, 1)
+        args = ["--model-repository", bucket.url("repo"), *bucket.server_args(), f"--model-cache-dir={tmp_path / 'c'}"]
+        env = no_aws_credentials(tmp_path)
+        # Without the file nothing in the environment signs for the bucket.
+        s = Server(args, env=env, expect_exit=True)
+        assert s.wait_exit() != 0 and "no AWS credentials" in s.log(), s.log()
+        # The longest matching name wins: the bucket's own entry, not the "" default.
+        creds = tmp_path / "cloud_credential.json"
+        creds.write_text(json.dumps({"s3": {
+            "": {"key_id": "", "secret_key": "", "region": "", "session_token": "", "profile": "no-such-profile"},
+            f"s3://{bucket.name}": {"key_id": "testing", "secret_key": "testing", "region": "us-east-1",
+                                    "session_token": "", "profile": ""}}}))
+        with Server(args, env={**env, "TRITON_CLOUD_CREDENTIAL_PATH": str(creds)}) as s:
+            assert served_version(s.client()) == (1, 1)
+        # A file that is not Triton's format stops the start with the file's name, no key echoed.
+        creds.write_text(json.dumps({"s3": {"": {"key": "SECRET-VALUE"}}}))
+        s = Server(args, env={**env, "TRITON_CLOUD_CREDENTIAL_PATH": str(creds)}, expect_exit=True)
+        assert s.wait_exit() != 0
+        assert "TRITON_CLOUD_CREDENTIAL_PATH" in s.log() and str(creds) in s.log(), s.log()
+        assert "SECRET-VALUE" not in s.log()
     finally:
         storage.stop()
