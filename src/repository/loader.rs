@@ -187,6 +187,9 @@ fn prepare(
     };
     config::normalize(&mut cfg);
     config::validate(&cfg)?;
+    for warning in super::agents::run(&cfg, dir)? {
+        tracing::warn!(model = name, "{warning}");
+    }
     let labels =
         cfg.output.iter().map(|o| read_labels(dir, &o.label_filename)).collect::<std::result::Result<_, _>>()?;
     Ok(Prepared { config: Arc::new(cfg), backend, versions, labels })

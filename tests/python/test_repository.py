@@ -124,3 +124,36 @@ def test_same_model_in_two_repositories(fresh_repo, tmp_path_factory):
         assert "two repositories" in s.log()
         assert not s.client().is_model_ready("simple")
         assert s.client().is_model_ready("simple_string")
+
+
+CHECKED = """backend: "identity"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_INT32 dims: [ 4 ] } ]
+model_repository_agents { agents [ { name: "checksum", parameters [
+  { key: "MD5:1/weights.bin", value: "%s" }, { key: "MD5:data_file", value: "%s" } ] } ] }
+"""
+
+
+def test_the_checksum_repository_agent_checks_the_files(tmp_path):
+    import hashlib
+    repo = tmp_path / "repo"
+    for name, good in (("intact", True), ("tampered", False)):
+        (repo / name / "1").mkdir(parents=True)
+        (repo / name / "1" / "weights.bin").write_bytes(b"weights")
+        (repo / name / "data_file").write_bytes(b"data")
+        weights = hashlib.md5(b"weights" if good else b"other").hexdigest()
+        (repo / name / "config.pbtxt").write_text(CHECKED % (weights, hashlib.md5(b"data").hexdigest()))
+    models.write(str(repo / "relocated" / "1" / ".keep"), "")
+    models.write(str(repo / "relocated" / "config.pbtxt"), CHECKED.split("model_repository_agents")[0] +
+                 'model_repository_agents { agents [ { name: "relocation" } ] }\n')
+    with Server(["--model-repository", str(repo), "--exit-on-error=false"]) as s:
+        client = s.client()
+        assert client.is_model_ready("intact")
+        assert not client.is_model_ready("tampered")
+        index = {m["name"]: m for m in client.get_model_repository_index()}
+        reason = index["tampered"]["reason"]
+        assert "checksum 'MD5:1/weights.bin'" in reason and hashlib.md5(b"weights").hexdigest() in reason, reason
+        # An agent ferry does not run is said in the log, not silently ignored.
+        assert client.is_model_ready("relocated")
+        assert "agent 'relocation' is not run by ferry" in s.log()
