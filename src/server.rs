@@ -186,6 +186,10 @@ impl Core {
                 .filter(|m| m.histogram_latencies)
                 .map(|_| FIRST_RESPONSE_BUCKETS.to_vec()),
             content_digests: config.cache.is_some(),
+            rate_limiter: config
+                .rate_limit
+                .clone()
+                .map(|given| Arc::new(crate::scheduler::rate_limit::RateLimiter::new(given))),
         };
         let loader = Loader::new(backends.clone(), Arc::clone(&registry), options);
         let sources = Sources::new(&roots, &config.storage.settings, &config.storage.cache_dir)?;

@@ -207,6 +207,14 @@ struct ServeArgs {
     /// Verbose logging level (0 = off).
     #[arg(long, env = "FERRY_LOG_VERBOSE", default_value_t = 0)]
     log_verbose: u32,
+    /// `execution_count`: instances run only while the resources their `rate_limiter` names are
+    /// free, priorities sharing the turns (Triton's rate limiter); `off` (default): not limited.
+    #[arg(long, env = "FERRY_RATE_LIMIT", default_value = "off", value_parser = ["off", "execution_count"])]
+    rate_limit: String,
+    /// A rate-limiter resource's count, `<name>:<count>[:<device>]` (repeatable; default: the most
+    /// any one instance needs).
+    #[arg(long = "rate-limit-resource", env = "FERRY_RATE_LIMIT_RESOURCE", value_delimiter = ',')]
+    rate_limit_resource: Vec<String>,
     /// Largest HTTP request body, in bytes, also after decompression (default 64 MiB; on Vertex AI
     /// 1.5 MB, on SageMaker 6 MiB: the platforms' own limits).
     #[arg(long, env = "FERRY_HTTP_MAX_INPUT_SIZE")]
@@ -302,6 +310,8 @@ pub struct Config {
     /// RUST_LOG, when set: a tracing filter that overrides --log-verbose.
     pub log_filter: Option<String>,
     pub http_max_input_size: usize,
+    /// `--rate-limit=execution_count`: the resource counts the flags give (None: off).
+    pub rate_limit: Option<crate::scheduler::rate_limit::Given>,
     /// Connections, timeouts, gRPC limits, the admission budget, the drain deadline.
     pub network: Network,
     /// Said in 413 replies: the platform's own limit.
@@ -440,6 +450,16 @@ impl Config {
             trace,
             log_filter: std::env::var("RUST_LOG").ok().filter(|v| !v.is_empty()),
             http_max_input_size: platform.max_input_size,
+            rate_limit: match a.rate_limit.as_str() {
+                "execution_count" => Some(
+                    a.rate_limit_resource
+                        .iter()
+                        .map(|r| crate::scheduler::rate_limit::parse_resource(r))
+                        .collect::<Result<_, _>>()
+                        .map_err(invalid)?,
+                ),
+                _ => None,
+            },
             network: a.network.resolve(platform.max_input_size).map_err(invalid)?,
             size_note: platform.size_note.clone(),
             onnxruntime_library: a

@@ -31,6 +31,8 @@ pub struct LoadOptions {
     pub histogram: Option<Vec<f64>>,
     /// Digest the content of versions the response cache serves (the server has a cache).
     pub content_digests: bool,
+    /// `--rate-limit=execution_count`: the server's rate limiter (None: off).
+    pub rate_limiter: Option<Arc<crate::scheduler::rate_limit::RateLimiter>>,
 }
 
 pub struct Loader {
@@ -281,7 +283,8 @@ fn load_version(
         })
     };
     let device_io = instances.iter().all(|i| i.device_io().is_some());
-    let scheduler = Scheduler::start(ctx, policy, instances, Some(rebuild)).map_err(|e| e.to_string())?;
+    let limits = rate_limits(name, &p.config, options.rate_limiter.as_ref())?;
+    let scheduler = Scheduler::start(ctx, policy, instances, Some(rebuild), limits).map_err(|e| e.to_string())?;
     let content = cache_content(p, dir, version, options)?;
     Ok(ModelVersion {
         name: name.to_string(),
@@ -343,20 +346,50 @@ fn load_instance(
 
 /// As Triton: a KIND_GPU group puts `count` instances on each GPU it lists (GPU 0 when it lists
 /// none); every other kind runs on the CPU.
-fn devices(config: &ModelConfig) -> Vec<Device> {
-    config
-        .instance_group
-        .iter()
-        .flat_map(|group| {
-            let devices = if group.kind == crate::proto::inference::model_instance_group::Kind::Gpu as i32 {
-                let gpus = if group.gpus.is_empty() { vec![0] } else { group.gpus.clone() };
-                gpus.into_iter().map(Device::Gpu).collect()
-            } else {
-                vec![Device::Cpu]
+/// What each instance (in `devices` order) needs of the rate limiter, when it is on: its group's
+/// `rate_limiter` resources (a per-device one on the instance's GPU, device 0 for the CPU) and
+/// priority; an instance of a group without one takes its turn at priority 1.
+fn rate_limits(
+    name: &str,
+    config: &ModelConfig,
+    limiter: Option<&Arc<crate::scheduler::rate_limit::RateLimiter>>,
+) -> std::result::Result<crate::scheduler::Limits, String> {
+    use crate::scheduler::rate_limit::Need;
+    let Some(limiter) = limiter else { return Ok(Vec::new()) };
+    let mut limits = Vec::new();
+    for group in &config.instance_group {
+        for device in group_devices(group) {
+            let on = match device {
+                Device::Gpu(g) => g,
+                _ => 0,
             };
-            devices.into_iter().flat_map(move |d| std::iter::repeat_n(d, group.count.max(0) as usize))
-        })
-        .collect()
+            let rl = group.rate_limiter.clone().unwrap_or_default();
+            let resources = rl
+                .resources
+                .iter()
+                .map(|r| ((r.name.clone(), (!r.global).then_some(on)), u64::from(r.count)))
+                .collect();
+            let need = Need { resources, priority: u64::from(rl.priority.max(1)) };
+            limiter.register(name, &need)?;
+            limits.push(Some((Arc::clone(limiter), need)));
+        }
+    }
+    Ok(limits)
+}
+
+fn devices(config: &ModelConfig) -> Vec<Device> {
+    config.instance_group.iter().flat_map(group_devices).collect()
+}
+
+/// The device of each instance of one group, in load order.
+fn group_devices(group: &crate::proto::inference::ModelInstanceGroup) -> Vec<Device> {
+    let devices = if group.kind == crate::proto::inference::model_instance_group::Kind::Gpu as i32 {
+        let gpus = if group.gpus.is_empty() { vec![0] } else { group.gpus.clone() };
+        gpus.into_iter().map(Device::Gpu).collect()
+    } else {
+        vec![Device::Cpu]
+    };
+    devices.into_iter().flat_map(|d| std::iter::repeat_n(d, group.count.max(0) as usize)).collect()
 }
 
 /// SHA-256 over the effective config, the label files, and every file of the version folder

@@ -22,6 +22,7 @@ use crate::{
 mod batch;
 pub mod batcher;
 mod queue;
+pub mod rate_limit;
 pub mod sequence;
 
 pub use batcher::BatchPolicy;
@@ -213,11 +214,14 @@ impl Shared {
 fn serve_instance(
     shared: &Shared,
     ctx: &ModelContext,
-    mut instance: Box<dyn ModelInstance>,
+    (mut instance, limit): (Box<dyn ModelInstance>, Option<Limit>),
     i: usize,
     rebuild: Option<Rebuild>,
 ) {
+    let mut executions = 0;
     while let Some(jobs) = shared.next_batch() {
+        // Held for the batch: the rate limiter's resources this instance needs.
+        let _granted = limit.as_ref().map(|(limiter, need)| limiter.acquire(need, &mut executions));
         let (n, seqs): (i64, Vec<u64>) = (jobs.len() as i64, jobs.iter().map(|j| j.seq).collect());
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             batch::run(instance.as_mut(), ctx, &shared.responder, jobs)
@@ -241,6 +245,11 @@ fn serve_instance(
     }
 }
 
+/// An instance's share of the rate limiter: the limiter, and what it needs to run a batch.
+pub type Limit = (Arc<rate_limit::RateLimiter>, rate_limit::Need);
+/// Each instance's (None: not rate limited).
+pub type Limits = Vec<Option<Limit>>;
+
 /// A request the scheduler did not take because its version was retired; the caller may resolve
 /// the model again and submit it to the version that replaced it.
 pub struct Retired(pub Box<ValidatedRequest>);
@@ -260,12 +269,14 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Starts one thread per instance (and a reaper when requests can time out).
-    /// `rebuild` makes a fresh instance when one panics (without it, the instance goes on).
+    /// `rebuild` makes a fresh instance when one panics (without it, the instance goes on);
+    /// `limits[i]`: what instance i must hold of the rate limiter's resources to run a batch.
     pub fn start(
         ctx: ModelContext,
         policy: Policy,
         instances: Vec<Box<dyn ModelInstance>>,
         rebuild: Option<Rebuild>,
+        mut limits: Limits,
     ) -> Result<Scheduler> {
         let reaper_needed = policy.queue.has_timeouts();
         let shared = Arc::new(Shared {
@@ -284,11 +295,12 @@ impl Scheduler {
                 .spawn(f)
                 .map_err(|e| Error::internal(format!("cannot start a scheduler thread: {e}")))
         };
-        for (i, instance) in instances.into_iter().enumerate() {
+        limits.resize_with(instances.len(), || None);
+        for (i, (instance, limit)) in instances.into_iter().zip(limits).enumerate() {
             let (shared, ctx2, rebuild) = (Arc::clone(&shared), Arc::clone(&ctx), rebuild.clone());
             workers.push(spawn(
                 format!("{}-v{}-{i}", ctx.name, ctx.version),
-                Box::new(move || serve_instance(&shared, &ctx2, instance, i, rebuild)),
+                Box::new(move || serve_instance(&shared, &ctx2, (instance, limit), i, rebuild)),
             )?);
         }
         if reaper_needed {

@@ -52,7 +52,7 @@ fn scheduler(batching: BatchPolicy, instances: usize, pause: Duration) -> (Sched
     let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::clone(&stats) };
     let instances: Vec<Box<dyn ModelInstance>> =
         (0..instances).map(|_| Box::new(Doubler { pause }) as Box<dyn ModelInstance>).collect();
-    (Scheduler::start(ctx, policy, instances, None).unwrap(), stats)
+    (Scheduler::start(ctx, policy, instances, None, Vec::new()).unwrap(), stats)
 }
 
 fn request(v: i32) -> ValidatedRequest {
@@ -146,7 +146,7 @@ fn scheduler_with(policy: Policy, instances: Vec<Box<dyn ModelInstance>>) -> Sch
     let schema =
         Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], utf8_bytes: false });
     let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::new(Stats::default()) };
-    Scheduler::start(ctx, policy, instances, None).unwrap()
+    Scheduler::start(ctx, policy, instances, None, Vec::new()).unwrap()
 }
 
 #[tokio::test]
@@ -230,7 +230,7 @@ async fn a_panicking_instance_fails_its_batch_and_is_restarted() {
         counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Ok(Box::new(Fragile) as Box<dyn ModelInstance>)
     });
-    let s = Scheduler::start(ctx, policy, vec![Box::new(Fragile)], Some(rebuild)).unwrap();
+    let s = Scheduler::start(ctx, policy, vec![Box::new(Fragile)], Some(rebuild), Vec::new()).unwrap();
     let bad = s.submit(request(-5)).ok().unwrap();
     let good = s.submit(request(3)).ok().unwrap();
     assert!(bad.await.is_err(), "the panicked batch's caller gets an error");
@@ -316,7 +316,7 @@ async fn a_dropped_reply_takes_its_request_and_its_ticket_out_of_the_queue_at_on
     let schema =
         Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], utf8_bytes: false });
     let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::clone(&stats) };
-    let s = Scheduler::start(ctx, policy, vec![Box::new(Sleeper)], None).unwrap();
+    let s = Scheduler::start(ctx, policy, vec![Box::new(Sleeper)], None, Vec::new()).unwrap();
     // The one instance is busy for a while; three requests queue behind it, each with its ticket.
     let busy = s.submit(request(400)).ok().unwrap();
     while stats.snapshot().executing == 0 {
