@@ -2,7 +2,10 @@
 //! `AIP_PREDICT_ROUTE` (both matched literally), on `AIP_HTTP_PORT`. The predict route takes
 //! Vertex's `{"instances": [...]}` and KServe v2 bodies (JSON, or binary with the
 //! `application/vnd.vertex-ai-triton.binary+json;json-header-size=N` content type), and routes
-//! `X-Vertex-Ai-Triton-Redirect: <v2 path>` to the KServe v2 API as Triton does.
+//! `X-Vertex-Ai-Triton-Redirect: <v2 path>` to the KServe v2 API as Triton does. Every other
+//! path is one of Vertex's invoke routes (`…/invoke/{path}` reaches the container as `/{path}`
+//! for a model uploaded with `invokeRoutePrefix: "/*"`): ferry's own KServe v2 and generate
+//! routes answer it, except loading, unloading and shared-memory registration.
 use std::sync::Arc;
 
 use axum::{
@@ -37,7 +40,7 @@ pub fn router(state: Arc<VertexState>) -> Router {
     Router::new()
         .route(&health_route, get(health))
         .route(&predict_route, post(predict))
-        .fallback(|| async { (StatusCode::NOT_FOUND, axum::Json(json!({"error": "Not Found"}))) })
+        .fallback(invoke)
         .method_not_allowed_fallback(|| async {
             (StatusCode::METHOD_NOT_ALLOWED, axum::Json(json!({"error": "Method Not Allowed"})))
         })
@@ -83,6 +86,17 @@ async fn predict_inner(s: &VertexState, headers: &HeaderMap, body: Body) -> Resu
     }
     let encoded = infer_body(&s.http, &model, None, body, header_len, headers).await?;
     reply(encoded, None)
+}
+
+/// An invoke route: the KServe v2 route of the same path and method (its own errors for
+/// unknown paths and methods), unless it changes what is loaded or registered.
+async fn invoke(State(s): State<Arc<VertexState>>, req: Request<Body>) -> Response {
+    if redirect_method(req.uri().path()) == Err(StatusCode::FORBIDDEN) {
+        let path = req.uri().path().to_string();
+        let text = format!("This API is restricted: '{path}' cannot be reached through Vertex AI's invoke routes");
+        return (StatusCode::FORBIDDEN, axum::Json(json!({ "error": text }))).into_response();
+    }
+    s.kserve.clone().oneshot(req).await.unwrap_or_else(|never| match never {})
 }
 
 /// The method a redirected path is served with, or the status that refuses it.

@@ -50,8 +50,25 @@ def test_listens_on_the_platform_port_only(simple_only):
 def test_methods_and_unknown_paths(simple_only):
     assert request(port(simple_only), "POST", HEALTH)[0] == 405
     assert request(port(simple_only), "GET", PREDICT)[0] == 405
-    status, _, body = request(port(simple_only), "GET", "/v2/health/ready")
+    status, _, body = request(port(simple_only), "GET", "/nothing/here")
     assert status == 404 and json.loads(body) == {"error": "Not Found"}
+
+
+def test_invoke_routes_reach_the_kserve_routes(simple_only):
+    # Vertex forwards `…/invoke/{path}` as `/{path}` (invokeRoutePrefix "/*", dedicated endpoints).
+    p = port(simple_only)
+    assert request(p, "GET", "/v2/health/ready")[0] == 200
+    status, _, body = request(p, "GET", "/v2/models/simple")
+    assert status == 200 and json.loads(body)["name"] == "simple"
+    status, _, body = request(p, "POST", "/v2/models/simple/infer", kserve_simple(list(range(16)), [1] * 16))
+    assert status == 200 and json.loads(body)["outputs"][0]["data"] == [i + 1 for i in range(16)]
+    assert request(p, "GET", "/v2/models/simple/infer")[0] == 405
+    assert request(p, "GET", "/v2/models/nope/ready")[0] == 404
+    # What changes the server stays closed, as through the redirect header.
+    for path in ["/v2/repository/models/simple/unload", "/v2/systemsharedmemory/region/r/register"]:
+        status, _, body = request(p, "POST", path, b"{}")
+        assert status == 403 and b"invoke routes" in body, (path, body)
+    assert request(p, "GET", HEALTH)[0] == 200
 
 
 def test_kserve_json_on_the_predict_route(simple_only):
