@@ -27,7 +27,7 @@ mod tracing;
 mod tune;
 
 pub use network::Network;
-pub use platform::{Mode, Platform, SageMakerSettings, VertexSettings};
+pub use platform::{InferenceType, Mode, Platform, SageMakerSettings, VertexSettings};
 pub use restrict::{Category, Restrictions};
 pub use storage::Storage;
 pub use tls::Tls;

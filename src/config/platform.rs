@@ -41,6 +41,17 @@ pub struct SageMakerSettings {
     pub max_concurrent_transforms: u32,
     pub batch_strategy: String,
     pub max_payload_mb: u32,
+    /// What `/invocations` does (SAGEMAKER_TRITON_INFERENCE_TYPE).
+    pub inference_type: InferenceType,
+}
+
+/// `SAGEMAKER_TRITON_INFERENCE_TYPE`: KServe v2 `infer` (the default), or the generate
+/// extension's `generate` (one JSON object) or `generate_stream` (server-sent events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InferenceType {
+    Infer,
+    Generate,
+    GenerateStream,
 }
 
 /// Everything the platform decides, resolved once.
@@ -186,6 +197,16 @@ fn sagemaker(a: &ServeArgs, env: Env<'_>, p: &mut Platform) -> Result<(), String
         Some(other) => return Err(format!("SAGEMAKER_TRITON_OVERRIDE_PING_MODE={other}: expected ready or live")),
         None => multi_model,
     };
+    let inference_type = match env("SAGEMAKER_TRITON_INFERENCE_TYPE").as_deref() {
+        None | Some("infer") => InferenceType::Infer,
+        Some("generate") => InferenceType::Generate,
+        Some("generate_stream") => InferenceType::GenerateStream,
+        Some(other) => {
+            return Err(format!(
+                "SAGEMAKER_TRITON_INFERENCE_TYPE={other}: expected infer, generate or generate_stream"
+            ));
+        }
+    };
     let batch = flag(env, "SAGEMAKER_BATCH").unwrap_or(false);
     let max_payload_mb = env("SAGEMAKER_MAX_PAYLOAD_IN_MB").and_then(|v| v.parse().ok()).unwrap_or(6);
     p.sagemaker = Some(SageMakerSettings {
@@ -197,6 +218,7 @@ fn sagemaker(a: &ServeArgs, env: Env<'_>, p: &mut Platform) -> Result<(), String
         max_concurrent_transforms: env("SAGEMAKER_MAX_CONCURRENT_TRANSFORMS").and_then(|v| v.parse().ok()).unwrap_or(1),
         batch_strategy: env("SAGEMAKER_BATCH_STRATEGY").unwrap_or_else(|| "SINGLE_RECORD".into()),
         max_payload_mb,
+        inference_type,
     });
     if a.http_max_input_size.is_none() {
         p.max_input_size = max_payload_mb as usize * MIB;

@@ -106,22 +106,27 @@ async fn generate(
     body: Body,
 ) -> Response {
     let outcome = async {
-        let (model, mut stream) = start(&s, &params, &headers, body).await?;
-        let mut last = None;
-        while let Some(item) = stream.recv().await {
-            let item = item?;
-            if !item.response.outputs.is_empty() {
-                last = Some(item);
-            }
-        }
-        let item = last.ok_or_else(|| Error::internal(format!("model '{model}' sent no response with outputs")))?;
-        reply_json(&item)
+        let (model, stream) = start(&s, &params, &headers, body).await?;
+        last_json(&model, stream).await
     }
     .await;
     match outcome {
         Ok(v) => (StatusCode::OK, axum::Json(v)).into_response(),
         Err(e) => error_response(&e),
     }
+}
+
+/// The stream's last response with outputs, as `generate` answers it.
+pub async fn last_json(model: &str, mut stream: ResponseStream) -> Result<Value> {
+    let mut last = None;
+    while let Some(item) = stream.recv().await {
+        let item = item?;
+        if !item.response.outputs.is_empty() {
+            last = Some(item);
+        }
+    }
+    let item = last.ok_or_else(|| Error::internal(format!("model '{model}' sent no response with outputs")))?;
+    reply_json(&item)
 }
 
 /// Each response as a server-sent event (`data: {...}`); an error is an event `{"error": ...}`

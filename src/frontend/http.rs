@@ -290,6 +290,18 @@ pub async fn infer_body(
     header_len: Option<usize>,
     headers: &HeaderMap,
 ) -> Result<codec::Encoded, Error> {
+    Ok(infer_body_with(s, (model, version), body, header_len, headers, crate::request::Parameters::new()).await?.0)
+}
+
+/// `infer_body` with request parameters added (`extra`); also gives the response's parameters.
+pub async fn infer_body_with(
+    s: &HttpState,
+    (model, version): (&str, Option<u64>),
+    body: Bytes,
+    header_len: Option<usize>,
+    headers: &HeaderMap,
+    extra: crate::request::Parameters,
+) -> Result<(codec::Encoded, crate::request::Parameters), Error> {
     let (mut request, format) = if header_len == Some(0) {
         let meta = s.engine.model_metadata(model, version)?;
         let batching = s.engine.model_config(model, version)?.max_batch_size > 0;
@@ -304,8 +316,9 @@ pub async fn infer_body(
             request.parameters.insert(name.as_str().to_string(), crate::request::ParamValue::String(value));
         }
     }
+    request.parameters.extend(extra);
     let response = s.engine.infer(request).await?;
-    codec::encode(&response, &format)
+    Ok((codec::encode(&response, &format)?, response.parameters.clone()))
 }
 
 async fn infer_inner(

@@ -19,13 +19,23 @@ use axum::{
 use serde_json::{Value, json};
 
 use super::{
-    http::{HttpState, error_response, header_str, infer_body, read_request},
+    generate,
+    http::{HttpState, error_response, header_str, infer_body_with, read_request},
     instances, platform,
 };
-use crate::{config::SageMakerSettings, error::Error, repository::config::CONFIG_FILE};
+use crate::{
+    config::{InferenceType, SageMakerSettings},
+    error::Error,
+    repository::config::CONFIG_FILE,
+    request::{ParamValue, Parameters},
+};
 
 pub const BINARY_CONTENT_TYPE: &str = "application/vnd.sagemaker-triton.binary+json";
 const TARGET_MODEL: &str = "x-amzn-sagemaker-target-model";
+/// The header SageMaker forwards verbatim, and the request parameter the model reads it as (and
+/// sets on its response for SageMaker to return to the client).
+const CUSTOM_ATTRIBUTES: &str = "x-amzn-sagemaker-custom-attributes";
+const ATTRIBUTES_PARAMETER: &str = CUSTOM_ATTRIBUTES;
 
 /// A model loaded through the multi-model API.
 #[derive(Debug, Clone)]
@@ -95,6 +105,7 @@ pub fn router(state: Arc<SageMakerState>) -> Router {
     let mut r = Router::new()
         .route("/ping", get(ping))
         .route("/invocations", post(invocations))
+        .route("/invocations-response-stream", post(invocations_stream))
         .route("/execution-parameters", get(execution_parameters));
     if state.settings.multi_model {
         r = r
@@ -135,20 +146,73 @@ async fn run(s: &SageMakerState, model: &str, headers: &HeaderMap, body: Body) -
         let predictions = instances::predict(&s.http.engine, model, &body).await?;
         return Ok((StatusCode::OK, axum::Json(predictions)).into_response());
     }
-    let encoded = infer_body(&s.http, model, None, body, header_len, headers).await?;
+    let mut extra = Parameters::new();
+    if let Some(v) = header_str(headers, CUSTOM_ATTRIBUTES) {
+        extra.insert(ATTRIBUTES_PARAMETER.into(), ParamValue::String(v.to_string()));
+    }
+    let (encoded, answered) = infer_body_with(&s.http, (model, None), body, header_len, headers, extra).await?;
     let content_type = match encoded.header_len {
         Some(n) => format!("{BINARY_CONTENT_TYPE};json-header-size={n}"),
         None => "application/json".to_string(),
     };
-    Ok(([(header::CONTENT_TYPE, content_type)], encoded.body).into_response())
+    let mut response = ([(header::CONTENT_TYPE, content_type)], encoded.body).into_response();
+    // The model's own custom attributes, when it set them, go back in SageMaker's header.
+    if let Some(ParamValue::String(v)) = answered.get(ATTRIBUTES_PARAMETER)
+        && let Ok(value) = header::HeaderValue::from_str(v)
+    {
+        response.headers_mut().insert(CUSTOM_ATTRIBUTES, value);
+    }
+    Ok(response)
 }
 
+/// `/invocations`, as SAGEMAKER_TRITON_INFERENCE_TYPE says: KServe v2 infer (and Vertex-style
+/// instances), or the generate extension's body answered as one object or as an event stream.
 async fn invocations(State(s): State<Arc<SageMakerState>>, headers: HeaderMap, body: Body) -> Response {
+    let kind = s.settings.inference_type;
     let result = match default_model(&s) {
-        Ok(model) => run(&s, &model, &headers, body).await,
+        Ok(model) => match kind {
+            InferenceType::Infer => run(&s, &model, &headers, body).await,
+            InferenceType::Generate => generated(&s, &model, &headers, body).await,
+            InferenceType::GenerateStream => streamed(&s, &model, &headers, body).await,
+        },
         Err(e) => Err(e),
     };
     result.unwrap_or_else(|e| error_response(&e))
+}
+
+/// InvokeEndpointWithResponseStream: the generate extension's body, each response of the model
+/// one server-sent event (a decoupled model streams them as it makes them).
+async fn invocations_stream(State(s): State<Arc<SageMakerState>>, headers: HeaderMap, body: Body) -> Response {
+    let result = match default_model(&s) {
+        Ok(model) => streamed(&s, &model, &headers, body).await,
+        Err(e) => Err(e),
+    };
+    result.unwrap_or_else(|e| error_response(&e))
+}
+
+async fn generated(s: &SageMakerState, model: &str, headers: &HeaderMap, body: Body) -> Result<Response, Error> {
+    let body = read_request(&s.http, headers, body).await?;
+    let stream = generate::start_with(&s.http, model, None, &with_custom_attributes(&body, headers)?).await?;
+    Ok((StatusCode::OK, axum::Json(generate::last_json(model, stream).await?)).into_response())
+}
+
+async fn streamed(s: &SageMakerState, model: &str, headers: &HeaderMap, body: Body) -> Result<Response, Error> {
+    let body = read_request(&s.http, headers, body).await?;
+    let stream = generate::start_with(&s.http, model, None, &with_custom_attributes(&body, headers)?).await?;
+    Ok(generate::sse(stream))
+}
+
+/// A generate body with the request's custom attributes added to its parameters.
+fn with_custom_attributes(body: &[u8], headers: &HeaderMap) -> Result<Vec<u8>, Error> {
+    let Some(attributes) = header_str(headers, CUSTOM_ATTRIBUTES) else { return Ok(body.to_vec()) };
+    let mut doc: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(body).map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))?;
+    let params = doc.entry("parameters").or_insert_with(|| json!({}));
+    let Some(params) = params.as_object_mut() else {
+        return Err(Error::invalid("the request's 'parameters' must be an object"));
+    };
+    params.insert(ATTRIBUTES_PARAMETER.into(), json!(attributes));
+    Ok(serde_json::to_vec(&doc).unwrap_or_default())
 }
 
 async fn execution_parameters(State(s): State<Arc<SageMakerState>>) -> Response {

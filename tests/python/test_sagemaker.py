@@ -199,3 +199,105 @@ def test_multi_model_ping_survives_a_broken_model(mme):
     assert status == 400 and "config.pbtxt" in json.loads(body)["error"]
     assert request(port(s), "GET", "/ping")[0] == 200
     assert request(port(s), "POST", "/models", {"model_name": "h2", "url": str(root / "h2" / "model")})[0] == 200
+
+
+# Reads the custom attributes SageMaker forwards; sets its own for SageMaker to return.
+ATTRIBUTES_PY = '''
+import json
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+KEY = "x-amzn-sagemaker-custom-attributes"
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            text = pb_utils.get_input_tensor_by_name(r, "TEXT").as_numpy().reshape(-1)[0].decode()
+            seen = json.loads(r.parameters()).get(KEY, "")
+            tensor = pb_utils.Tensor("OUT", np.array([f"{text}/{seen}".encode()], np.object_))
+            out.append(pb_utils.InferenceResponse([tensor], parameters={KEY: f"seen={seen}"}))
+        return out
+'''
+
+# Decoupled: three responses per request.
+THREE_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for r in requests:
+            text = pb_utils.get_input_tensor_by_name(r, "TEXT").as_numpy().reshape(-1)[0].decode()
+            sender = r.get_response_sender()
+            for i in range(3):
+                tensor = pb_utils.Tensor("OUT", np.array([f"{text}{i}".encode()], np.object_))
+                sender.send(pb_utils.InferenceResponse([tensor]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+'''
+
+TEXT_IO = """
+backend: "python"
+max_batch_size: 0
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ 1 ] } ]
+"""
+
+
+def text_models(tmp_path, name):
+    folder = tmp_path / "model"
+    models.python_model(str(folder), "attributes", ATTRIBUTES_PY, TEXT_IO)
+    models.python_model(str(folder), "three", THREE_PY, TEXT_IO + "model_transaction_policy { decoupled: true }\n")
+    return folder, {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": name}
+
+
+def events(body):
+    return [json.loads(line[len(b"data: "):]) for line in body.split(b"\n") if line.startswith(b"data: ")]
+
+
+def test_custom_attributes_reach_the_model_and_come_back(tmp_path):
+    folder, env = text_models(tmp_path, "attributes")
+    with sagemaker(folder, env) as s:
+        body = {"inputs": [{"name": "TEXT", "shape": [1], "datatype": "BYTES", "data": ["hi"]}]}
+        status, headers, reply = request(port(s), "POST", "/invocations", body,
+                                         {"X-Amzn-SageMaker-Custom-Attributes": "trace_id=7"})
+        assert status == 200, reply
+        assert json.loads(reply)["outputs"][0]["data"] == ["hi/trace_id=7"]
+        assert headers["X-Amzn-SageMaker-Custom-Attributes"] == "seen=trace_id=7"
+        # Without the header the model sees none; its own attributes still come back.
+        status, headers, reply = request(port(s), "POST", "/invocations", body)
+        assert json.loads(reply)["outputs"][0]["data"] == ["hi/"] and headers["X-Amzn-SageMaker-Custom-Attributes"] == "seen="
+
+
+def test_inference_type_generate(tmp_path):
+    folder, env = text_models(tmp_path, "attributes")
+    with sagemaker(folder, {**env, "SAGEMAKER_TRITON_INFERENCE_TYPE": "generate"}) as s:
+        status, headers, reply = request(port(s), "POST", "/invocations", {"TEXT": "hi"},
+                                         {"X-Amzn-SageMaker-Custom-Attributes": "a=b"})
+        assert status == 200 and headers["Content-Type"] == "application/json", reply
+        doc = json.loads(reply)
+        assert doc["OUT"] == "hi/a=b" and doc["model_name"] == "attributes", doc
+        status, _, reply = request(port(s), "POST", "/invocations", {"NOPE": "hi"})
+        assert status == 400 and b"NOPE" in reply, reply
+
+
+@pytest.mark.parametrize("how", ["generate_stream", "response stream route"])
+def test_streamed_invocations_send_one_event_per_response(tmp_path, how):
+    folder, env = text_models(tmp_path, "three")
+    if how == "generate_stream":
+        env["SAGEMAKER_TRITON_INFERENCE_TYPE"] = "generate_stream"
+    path = "/invocations" if how == "generate_stream" else "/invocations-response-stream"
+    with sagemaker(folder, env) as s:
+        status, headers, reply = request(port(s), "POST", path, {"TEXT": "t"})
+        assert status == 200 and headers["Content-Type"].startswith("text/event-stream"), reply
+        assert [e["OUT"] for e in events(reply)] == ["t0", "t1", "t2"]
+
+
+def test_an_unknown_inference_type_stops_the_start(tmp_path):
+    folder, env = text_models(tmp_path, "three")
+    s = sagemaker(folder, {**env, "SAGEMAKER_TRITON_INFERENCE_TYPE": "predict"}, expect_exit=True)
+    assert s.wait_exit() != 0
+    assert "SAGEMAKER_TRITON_INFERENCE_TYPE=predict: expected infer, generate or generate_stream" in s.log()
