@@ -83,6 +83,20 @@ def test_oversize_names_sagemakers_limit(single):
     assert status == 413 and "6 MiB" in msg and "--http-max-input-size" in msg
 
 
+def test_a_larger_payload_limit_is_reachable_by_configuration(tmp_path):
+    # Asynchronous inference takes up to 1 GB: the limit is the flag's (here 8 MiB).
+    folder = tmp_path / "model"
+    copy_example(str(folder), "simple")
+    with sagemaker(folder, {"FERRY_HTTP_MAX_INPUT_SIZE": str(8 << 20)}) as s:
+        a = list(range(16))
+        body = json.dumps(kserve_simple(a, [1] * 16)).encode()
+        padded = body[:-1] + b" " * (7 << 20) + b"}"
+        status, _, reply = request(port(s), "POST", "/invocations", padded, {"Content-Type": "application/json"})
+        assert status == 200 and json.loads(reply)["outputs"][0]["data"] == [i + 1 for i in a], reply[:200]
+        status, _, reply = request(port(s), "POST", "/invocations", b" " * (9 << 20))
+        assert status == 413 and b"limit of 8388608 bytes" in reply, reply[:300]
+
+
 @pytest.mark.parametrize("layout", ["root", "model_at_top", "wrapper"])
 def test_model_folder_layouts(tmp_path, layout):
     folder = tmp_path / "model"
