@@ -36,6 +36,10 @@ const TARGET_MODEL: &str = "x-amzn-sagemaker-target-model";
 /// sets on its response for SageMaker to return to the client).
 const CUSTOM_ATTRIBUTES: &str = "x-amzn-sagemaker-custom-attributes";
 const ATTRIBUTES_PARAMETER: &str = CUSTOM_ATTRIBUTES;
+/// Stateful sessions: the client's session id (or `NEW_SESSION`), and what the reply says.
+const SESSION_ID: &str = "x-amzn-sagemaker-session-id";
+const NEW_SESSION_ID: &str = "x-amzn-sagemaker-new-session-id";
+const CLOSED_SESSION_ID: &str = "x-amzn-sagemaker-closed-session-id";
 
 /// A model loaded through the multi-model API.
 #[derive(Debug, Clone)]
@@ -150,12 +154,18 @@ async fn run(s: &SageMakerState, model: &str, headers: &HeaderMap, body: Body) -
     if let Some(v) = header_str(headers, CUSTOM_ATTRIBUTES) {
         extra.insert(ATTRIBUTES_PARAMETER.into(), ParamValue::String(v.to_string()));
     }
+    let session = session(s, model, headers, &body, header_len, &mut extra)?;
     let (encoded, answered) = infer_body_with(&s.http, (model, None), body, header_len, headers, extra).await?;
     let content_type = match encoded.header_len {
         Some(n) => format!("{BINARY_CONTENT_TYPE};json-header-size={n}"),
         None => "application/json".to_string(),
     };
     let mut response = ([(header::CONTENT_TYPE, content_type)], encoded.body).into_response();
+    if let Some((name, value)) = session
+        && let Ok(value) = header::HeaderValue::from_str(&value)
+    {
+        response.headers_mut().insert(name, value);
+    }
     // The model's own custom attributes, when it set them, go back in SageMaker's header.
     if let Some(ParamValue::String(v)) = answered.get(ATTRIBUTES_PARAMETER)
         && let Ok(value) = header::HeaderValue::from_str(v)
@@ -163,6 +173,61 @@ async fn run(s: &SageMakerState, model: &str, headers: &HeaderMap, body: Body) -
         response.headers_mut().insert(CUSTOM_ATTRIBUTES, value);
     }
     Ok(response)
+}
+
+/// A stateful session (`X-Amzn-SageMaker-Session-Id`) as a sequence of the sequence batcher:
+/// `NEW_SESSION` starts a sequence under a new id (answered in `X-Amzn-SageMaker-New-Session-Id`
+/// with when it expires: the model's idle limit), an id continues its sequence, and a request
+/// whose parameters say `sequence_end: true` ends it (answered in
+/// `X-Amzn-SageMaker-Closed-Session-Id`). The header the reply carries, if any.
+fn session(
+    s: &SageMakerState,
+    model: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+    header_len: Option<usize>,
+    extra: &mut Parameters,
+) -> Result<Option<(&'static str, String)>, Error> {
+    let Some(id) = header_str(headers, SESSION_ID).map(str::trim) else { return Ok(None) };
+    let config = s.http.engine.model_config(model, None)?;
+    let Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(sb)) = &config.scheduling_choice
+    else {
+        return Err(Error::invalid(format!(
+            "model '{model}' keeps no state between requests (it has no sequence_batching): {SESSION_ID} cannot              be used with it"
+        )));
+    };
+    if id == "NEW_SESSION" {
+        let n = new_session_id();
+        extra.insert("sequence_id".into(), ParamValue::Uint(n));
+        extra.insert("sequence_start".into(), ParamValue::Bool(true));
+        let idle = match sb.max_sequence_idle_microseconds {
+            0 => std::time::Duration::from_secs(1),
+            us => std::time::Duration::from_micros(us),
+        };
+        let expires = crate::telemetry::iso8601(std::time::SystemTime::now() + idle);
+        return Ok(Some((NEW_SESSION_ID, format!("{n}; Expires={expires}"))));
+    }
+    if id.is_empty() || id.len() > 256 || !id.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(Error::invalid(format!("{SESSION_ID} must be NEW_SESSION or a session id ferry gave")));
+    }
+    let value = id.parse::<u64>().map_or_else(|_| ParamValue::String(id.to_string()), ParamValue::Uint);
+    extra.insert("sequence_id".into(), value);
+    let json = &body[..header_len.unwrap_or(body.len()).min(body.len())];
+    let ends = serde_json::from_slice::<Value>(json)
+        .ok()
+        .is_some_and(|v| v["parameters"]["sequence_end"].as_bool() == Some(true));
+    Ok(ends.then(|| (CLOSED_SESSION_ID, id.to_string())))
+}
+
+/// A new session id: random, and small enough for an INT32 or UINT32 CORRID control.
+fn new_session_id() -> u64 {
+    use std::io::Read;
+    let mut random = [0u8; 4];
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut random)).is_err() {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        random = now.subsec_nanos().to_le_bytes();
+    }
+    u64::from(u32::from_le_bytes(random) & 0x7fff_ffff).max(1)
 }
 
 /// `/invocations`, as SAGEMAKER_TRITON_INFERENCE_TYPE says: KServe v2 infer (and Vertex-style

@@ -54,15 +54,22 @@ pub(crate) struct Clock {
 impl FormatTime for Clock {
     fn format_time(&self, w: &mut Writer<'_>) -> fmt::Result {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        let secs = now.as_secs();
-        let (y, mo, d) = civil_from_days((secs / 86_400) as i64);
-        let (h, mi, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
         if self.iso8601.load(Ordering::Relaxed) {
-            write!(w, "{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
-        } else {
-            write!(w, "{mo:02}{d:02} {h:02}:{mi:02}:{s:02}.{:06}", now.subsec_micros())
+            return write!(w, "{}", iso8601(SystemTime::now()));
         }
+        let secs = now.as_secs();
+        let (_, mo, d) = civil_from_days((secs / 86_400) as i64);
+        let (h, mi, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
+        write!(w, "{mo:02}{d:02} {h:02}:{mi:02}:{s:02}.{:06}", now.subsec_micros())
     }
+}
+
+/// A time as `YYYY-MM-DDTHH:MM:SSZ` (UTC).
+pub(crate) fn iso8601(t: SystemTime) -> String {
+    let secs = t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    let (y, mo, d) = civil_from_days((secs / 86_400) as i64);
+    let (h, mi, s) = ((secs / 3600) % 24, (secs / 60) % 60, secs % 60);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
 }
 
 /// Year, month, day of a count of days since 1970-01-01 (Howard Hinnant's algorithm).

@@ -315,3 +315,43 @@ def test_an_unknown_inference_type_stops_the_start(tmp_path):
     s = sagemaker(folder, {**env, "SAGEMAKER_TRITON_INFERENCE_TYPE": "predict"}, expect_exit=True)
     assert s.wait_exit() != 0
     assert "SAGEMAKER_TRITON_INFERENCE_TYPE=predict: expected infer, generate or generate_stream" in s.log()
+
+
+def add(value, end=False):
+    body = {"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "FP32", "data": [value]}]}
+    if end:
+        body["parameters"] = {"sequence_end": True}
+    return body
+
+
+def test_stateful_sessions_map_onto_the_sequence_batcher(tmp_path):
+    folder = tmp_path / "model"
+    models.accumulator(str(folder), idle_us=60_000_000)
+    copy_example(str(folder), "simple")
+    with sagemaker(folder, {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "accumulator"}) as s:
+        p = port(s)
+        call = lambda body, session: request(p, "POST", "/invocations", body, {"X-Amzn-SageMaker-Session-Id": session})
+        out = lambda reply: json.loads(reply)["outputs"][0]["data"][0]
+        status, headers, reply = call(add(2.0), "NEW_SESSION")
+        assert status == 200, reply
+        first, expires = headers["X-Amzn-SageMaker-New-Session-Id"].split("; Expires=")
+        assert out(reply) == 2.0 and expires.endswith("Z") and len(expires) == 20, headers
+        _, headers, reply = call(add(1.0), "NEW_SESSION")
+        second = headers["X-Amzn-SageMaker-New-Session-Id"].split(";")[0]
+        assert second != first and out(reply) == 1.0
+        # Each session keeps its own state.
+        assert out(call(add(3.0), first)[2]) == 5.0
+        assert out(call(add(10.0), second)[2]) == 11.0
+        status, headers, reply = call(add(1.0, end=True), first)
+        assert status == 200 and out(reply) == 6.0 and headers["X-Amzn-SageMaker-Closed-Session-Id"] == first
+        # A closed session is gone; an unknown one was never started.
+        for gone in (first, "12345"):
+            status, _, reply = call(add(1.0), gone)
+            assert status == 400 and b"START flag" in reply, reply
+        assert out(call(add(1.0), second)[2]) == 12.0
+        status, _, reply = call(add(1.0), "bad id")
+        assert status == 400 and b"NEW_SESSION" in reply
+    with sagemaker(folder, {"SAGEMAKER_TRITON_DEFAULT_MODEL_NAME": "simple"}) as s:
+        status, _, reply = request(port(s), "POST", "/invocations", kserve_simple([1] * 16, [1] * 16),
+                                   {"X-Amzn-SageMaker-Session-Id": "NEW_SESSION"})
+        assert status == 400 and b"no sequence_batching" in reply, reply
