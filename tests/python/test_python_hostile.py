@@ -282,3 +282,18 @@ def test_a_request_the_model_never_lets_go_ends_when_its_client_leaves(tmp_path,
         # Before, the only instance stayed with the first request for good and this one hung.
         r = client.infer("clingy", [plan_input(grpcclient, {})], client_timeout=30)
         assert r.as_numpy("OUT").tolist() == [7]
+
+
+@pytest.mark.parametrize("how", [{"forever": True}, {"hold": True}], ids=["rescheduled for ever", "never answered"])
+def test_a_request_on_a_stream_the_client_cancels_ends_too(tmp_path, how):
+    models.python_model(str(tmp_path), "clingy", NEVER_LETS_GO, PLAN_IO)
+    with Server(["--model-repository", str(tmp_path)]) as s:
+        client = grpcclient.InferenceServerClient(s.grpc_url)
+        client.start_stream(lambda result, error: None)
+        client.async_stream_infer("clingy", [plan_input(grpcclient, how)])
+        time.sleep(1)
+        client.stop_stream(cancel_requests=True)
+        client.close()
+        # Before, a non-decoupled model's request on a stream outlived the stream for good.
+        r = s.grpc_client().infer("clingy", [plan_input(grpcclient, {})], client_timeout=30)
+        assert r.as_numpy("OUT").tolist() == [7]

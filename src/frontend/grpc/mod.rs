@@ -297,7 +297,13 @@ impl service::GrpcInferenceService for Grpc {
                                 let run = this.stream_decoupled(req, trace, grpc_errors, &tx);
                                 return crate::admission::scope(ticket, run).await;
                             }
-                            crate::admission::scope(ticket, this.stream_reply(req, trace)).await
+                            // A client that leaves the stream cancels the request (dropped here:
+                            // out of the queue, or seen by the model as cancelled).
+                            let reply = crate::admission::scope(ticket, this.stream_reply(req, trace));
+                            tokio::select! {
+                                outcome = reply => outcome,
+                                () = tx.closed() => return,
+                            }
                         }
                     };
                     // Errors travel in-band and the stream goes on, unless the client asked
