@@ -297,3 +297,79 @@ def test_a_request_on_a_stream_the_client_cancels_ends_too(tmp_path, how):
         # Before, a non-decoupled model's request on a stream outlived the stream for good.
         r = s.grpc_client().infer("clingy", [plan_input(grpcclient, {})], client_timeout=30)
         assert r.as_numpy("OUT").tolist() == [7]
+
+
+# What a model may put in a message that is no JSON: NaN, lone surrogates, huge log lines.
+ODD_TEXT = '''
+import json
+import threading
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+ODD = b"caf\\xe9".decode("utf-8", "surrogateescape")
+SEEN = []
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        try:
+            pb_utils.is_model_ready("anything")
+        except Exception as e:  # Before, this waited for the whole stub timeout.
+            pb_utils.Logger.log_info(f"control from initialize: {e}")
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            how = json.loads(pb_utils.get_input_tensor_by_name(r, "PLAN").as_numpy().reshape(-1)[0])
+            value = 1
+            if how.get("nan"):
+                value = pb_utils.InferenceResponse([], parameters={"score": float("nan")})
+            elif how.get("log"):
+                pb_utils.Logger.log_warn("file " + ODD)
+                pb_utils.Logger.log_info("x" * 100000)
+            elif how.get("raise"):
+                raise ValueError("bad name " + ODD)
+            elif how.get("watch"):
+                sender = r.get_response_sender()
+
+                def watch():
+                    for _ in range(30):
+                        time.sleep(0.1)
+                        SEEN.append((r.is_cancelled(), sender.is_cancelled()))
+                threading.Thread(target=watch).start()
+                continue
+            elif how.get("seen"):
+                value = int(all(a and b for a, b in SEEN[-10:]) and len(SEEN) == 30)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", np.array([value], np.int32))]))
+        return out if len(out) == len(requests) else None
+'''
+
+
+def test_text_that_is_no_json_neither_kills_the_process_nor_is_lost(tmp_path):
+    models.python_model(str(tmp_path), "odd", ODD_TEXT, PLAN_IO)
+    with Server(["--model-repository", str(tmp_path)]) as s:
+        client = s.client()
+        assert "control from initialize: is_model_ready is only supported during the 'execute' function." in s.log()
+        with pytest.raises(InferenceServerException, match="values must be bool, int or str, not float"):
+            client.infer("odd", [plan_input(httpclient, {"nan": True})])
+        assert client.infer("odd", [plan_input(httpclient, {"log": True})]).as_numpy("OUT").tolist() == [1]
+        with pytest.raises(InferenceServerException, match="bad name caf"):
+            client.infer("odd", [plan_input(httpclient, {"raise": True})])
+        s.wait_log("more characters cut")
+        assert "file caf?" in s.log()
+        assert "Python process died" not in s.log() and "SIGKILL" not in s.log(), s.log()[-2000:]
+
+
+def test_is_cancelled_stays_true_once_the_client_left(tmp_path):
+    models.python_model(str(tmp_path), "odd", ODD_TEXT, PLAN_IO)
+    with Server(["--model-repository", str(tmp_path)]) as s:
+        with pytest.raises(InferenceServerException, match="Deadline"):
+            s.grpc_client().infer("odd", [plan_input(grpcclient, {"watch": True})], client_timeout=1)
+        # Before, the request's flag went back to False once it was ended, and the sender's
+        # never turned True for a model that is not decoupled (the watcher polls 30 times).
+        seen = lambda: s.client().infer("odd", [plan_input(httpclient, {"seen": True})]).as_numpy("OUT").tolist()
+        deadline = time.time() + 30
+        while seen() != [1]:
+            assert time.time() < deadline, "is_cancelled() did not stay true"
+            time.sleep(0.2)

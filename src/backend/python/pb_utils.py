@@ -94,6 +94,8 @@ class TritonError(Exception):
               "CANCELLED"]
 
     def __init__(self, message, code=INTERNAL):
+        if not isinstance(code, int) or isinstance(code, bool):
+            raise TypeError(f"TritonError code must be one of TritonError's codes (an int), not {type(code).__name__}")
         super().__init__(message)
         self._message, self._code = str(message), code
 
@@ -194,6 +196,28 @@ def _typed(name, value, kinds, what):
     return value
 
 
+def _parameters_text(parameters, what):
+    """Parameters as Triton takes them: a dict (or its JSON text) of str keys and bool, int or
+    str values; anything else raises TypeError."""
+    if parameters is None:
+        return "{}"
+    if isinstance(parameters, str):
+        try:
+            parsed = json.loads(parameters)
+        except ValueError as e:
+            raise TypeError(f"{what} parameters must be a JSON object: {e}") from None
+    elif isinstance(parameters, dict):
+        parsed = parameters
+    else:
+        raise TypeError(f"{what} parameters must be a dict or its JSON text, not {type(parameters).__name__}")
+    if not isinstance(parsed, dict):
+        raise TypeError(f"{what} parameters must be a JSON object")
+    for key, value in parsed.items():
+        if not isinstance(key, str) or not isinstance(value, (bool, int, str)):
+            raise TypeError(f"{what} parameter {key!r}: values must be bool, int or str, not {type(value).__name__}")
+    return json.dumps(parsed, ensure_ascii=False) if parsed else "{}"
+
+
 class InferenceResponse:
     def __init__(self, output_tensors=_UNSET, error=None, parameters=None):
         if output_tensors is _UNSET:
@@ -203,7 +227,7 @@ class InferenceResponse:
         if any(not isinstance(t, Tensor) for t in self._outputs):
             raise TritonModelException("InferenceResponse output_tensors must be a list of pb_utils.Tensor")
         self._error = error
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters) if parameters else "{}"
+        self._parameters = _parameters_text(parameters, "InferenceResponse")
 
     def output_tensors(self):
         return self._outputs
@@ -222,12 +246,12 @@ class _Box:
     """What has been answered for one request: shared by its sender(s), the stub and the
     finalizer that runs once the model holds neither the request nor its sender."""
     __slots__ = ("decoupled", "handle", "closed", "response", "count", "abandoned", "sender_made", "on_done",
-                 "running", "error", "index")
+                 "running", "error", "index", "cancelled")
 
     def __init__(self, decoupled, handle, index=None):
         self.decoupled, self.handle, self.running, self.error = decoupled, handle, True, None
         self.index = index  # its place in the batch, while that runs (a request with no stream)
-        self.closed = self.abandoned = self.sender_made = False
+        self.closed = self.abandoned = self.sender_made = self.cancelled = False
         self.response, self.count, self.on_done = None, 0, None
 
     def done(self):
@@ -236,6 +260,18 @@ class _Box:
 
 # Guards every _Box; re-entrant since a finalizer may run while this thread holds it.
 _STATE = threading.Condition(threading.RLock())
+
+
+def _box_cancelled(box):
+    """Whether the request's client went away; once seen, it stays so."""
+    if box is None or box.cancelled:
+        return box is not None
+    if box.handle is not None:
+        gone = _CHANNEL.cancelled(box.handle)
+    else:
+        gone = box.index is not None and not box.closed and _CHANNEL.cancelled_in_batch(box.index)
+    box.cancelled = box.cancelled or gone
+    return box.cancelled
 
 
 def _settled(box):
@@ -306,9 +342,7 @@ class InferenceRequest:
         self._inputs = list(inputs)
         if any(not isinstance(t, Tensor) for t in self._inputs):
             raise TritonModelException("InferenceRequest inputs must be a list of pb_utils.Tensor")
-        if not isinstance(parameters, (str, dict, type(None))):
-            raise TritonModelException("InferenceRequest parameters must be a dict or a JSON string")
-        self._parameters = parameters if isinstance(parameters, str) else json.dumps(parameters) if parameters else "{}"
+        self._parameters = _parameters_text(parameters, "InferenceRequest")
         self._id, self._correlation_id, self._flags = request_id, correlation_id, flags
         self._slot = self._sender = None  # set for the requests ferry hands to execute()
         self._release_flags = TRITONSERVER_REQUEST_RELEASE_ALL
@@ -359,12 +393,7 @@ class InferenceRequest:
 
     def is_cancelled(self):
         """Whether the client went away (its stream closed): the model may stop working on it."""
-        box = self._slot.box if self._slot is not None else None
-        if box is None:
-            return False
-        if box.handle is not None:
-            return _CHANNEL.cancelled(box.handle)
-        return box.index is not None and not box.closed and _CHANNEL.cancelled_in_batch(box.index)
+        return _box_cancelled(self._slot.box if self._slot is not None else None)
 
     def get_response_sender(self):
         """Sends this request's responses during or after execute(): 0..n for a decoupled model,
@@ -458,8 +487,7 @@ class InferenceResponseSender:
                 _settled(box)
 
     def is_cancelled(self):
-        box = self._slot.box
-        return box.handle is not None and _CHANNEL.cancelled(box.handle)
+        return _box_cancelled(self._slot.box)
 
 
 class Logger:

@@ -24,6 +24,17 @@ import numpy as np
 import triton_python_backend_utils as pb_utils
 
 
+# Longest Logger message sent whole (as printed lines are cut at 16 KiB).
+MAX_LOG_CHARS = 16 << 10
+
+
+def encode(msg):
+    """A message as strict JSON: NaN and infinities raise ValueError (no JSON has them), and text
+    that is not valid Unicode (lone surrogates, from bytes decoded with surrogateescape) is sent
+    with those characters replaced."""
+    return json.dumps(msg, allow_nan=False, ensure_ascii=False).encode("utf-8", "replace")
+
+
 # What a request whose client went away ends with, and how often held requests are checked.
 CANCELLED = "Request was cancelled: its client went away"
 HELD_CHECK_SECONDS = 0.5
@@ -55,7 +66,7 @@ class Channel:
         self.executing = False
 
     def send(self, msg, blobs=()):
-        self.send_encoded(json.dumps(msg).encode(), blobs)
+        self.send_encoded(encode(msg), blobs)
 
     def send_encoded(self, body, blobs=()):
         parts = [struct.pack("<I", len(body)), body, struct.pack("<I", len(blobs))]
@@ -161,6 +172,8 @@ class Channel:
 
     # --- what triton_python_backend_utils calls ---
     def log(self, level, message):
+        if len(message) > MAX_LOG_CHARS:
+            message = f"{message[:MAX_LOG_CHARS]}… ({len(message) - MAX_LOG_CHARS} more characters cut)"
         self.send({"op": "log", "level": level, "message": message})
 
     def infer(self, request, inputs):
@@ -234,7 +247,7 @@ class Channel:
             error, params = error_json(response), params_json(response)
         msg = {"op": "response", "handle": handle, "final": final, "empty": response is None,
                "outputs": meta, "error": error, "parameters": params}
-        return json.dumps(msg).encode(), blobs
+        return encode(msg), blobs
 
     def respond(self, handle, response, final):
         self.send_encoded(*self.response_message(handle, response, final))
@@ -249,6 +262,9 @@ class Channel:
         return bool(reply.get("cancelled"))
 
     def control(self, msg):
+        if not self.executing:
+            # Only execute() is answered (initialize() would wait for the whole stub timeout).
+            raise pb_utils.TritonModelException(f"{msg['op']} is only supported during the 'execute' function.")
         reply, _ = self._blocking({**msg, "op": "control", "call": msg["op"]})
         if reply.get("error"):
             raise pb_utils.TritonModelException(reply["error"])
@@ -631,6 +647,7 @@ class Stub:
         """Closes every box not yet closed with the error `text`."""
         with pb_utils._STATE:
             for box in boxes:
+                box.cancelled = box.cancelled or text == CANCELLED
                 if box.closed:
                     continue
                 box.closed, box.error = True, text
@@ -863,9 +880,9 @@ def watch_parent():
 def reply_safely(channel, reply):
     """Sends a reply; one that cannot be encoded (an object the model put in it) becomes an error."""
     try:
-        body = json.dumps(reply).encode()
+        body = encode(reply)
     except (TypeError, ValueError) as e:
-        body = json.dumps({"op": "done", "error": f"the model's reply cannot be sent: {describe(e)}"}).encode()
+        body = encode({"op": "done", "error": f"the model's reply cannot be sent: {describe(e)}"})
     channel.send_encoded(body)
 
 
