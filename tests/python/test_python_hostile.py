@@ -155,17 +155,23 @@ class TritonPythonModel:
 '''
 
 
+def first_reply(s, model, plan):
+    """The first (result, error) of one request on a gRPC stream."""
+    got = queue.Queue()
+    with grpcclient.InferenceServerClient(s.grpc_url) as client:
+        client.start_stream(lambda result, error: got.put((result, error)))
+        client.async_stream_infer(model, [plan_input(grpcclient, plan)])
+        reply = got.get(timeout=30)
+        client.stop_stream()
+    return reply
+
+
 def test_a_final_response_that_cannot_be_sent_still_ends_its_request(tmp_path):
     repo = str(tmp_path)
     models.python_model(repo, "unsendable", UNSENDABLE, PLAN_IO + DECOUPLED)
     with Server(["--model-repository", repo]) as s:
-        got = queue.Queue()
-        with grpcclient.InferenceServerClient(s.grpc_url) as client:
-            client.start_stream(lambda result, error: got.put((result, error)))
-            client.async_stream_infer("unsendable", [plan_input(grpcclient, {})])
-            result, error = got.get(timeout=30)
-            assert result is None and "complex128" in error.message(), error
-            client.stop_stream()
+        result, error = first_reply(s, "unsendable", {})
+        assert result is None and "complex128" in error.message(), error
 
 
 PID = '''
@@ -197,12 +203,7 @@ def test_a_process_that_died_while_idle_is_replaced_before_the_next_request(tmp_
     def pid_of(s):
         if not decoupled:
             return int(s.client().infer("pid", [plan_input(httpclient, {})]).as_numpy("OUT")[0])
-        got = queue.Queue()
-        with grpcclient.InferenceServerClient(s.grpc_url) as client:
-            client.start_stream(lambda result, error: got.put((result, error)))
-            client.async_stream_infer("pid", [plan_input(grpcclient, {})])
-            result, error = got.get(timeout=30)
-            client.stop_stream()
+        result, error = first_reply(s, "pid", {})
         assert error is None, error
         return int(result.as_numpy("OUT")[0])
 
