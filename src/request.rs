@@ -39,6 +39,22 @@ impl ParamValue {
 
 pub type Parameters = BTreeMap<String, ParamValue>;
 
+/// Parameter names Triton keeps for itself (besides every name starting `triton_`): a header
+/// forwarded as a parameter may not take one.
+pub const RESERVED_PARAMETERS: [&str; 7] =
+    ["sequence_id", "sequence_start", "sequence_end", "priority", "timeout", "headers", "binary_data_output"];
+
+/// A header forwarded as a request parameter (--http/grpc-header-forward-pattern), unless its
+/// name is reserved: then Triton's error.
+pub fn forwarded_header(name: &str, value: &[u8]) -> crate::error::Result<(String, ParamValue)> {
+    if RESERVED_PARAMETERS.contains(&name) || name.starts_with("triton_") {
+        return Err(crate::error::Error::invalid(format!(
+            "Header '{name}' is reserved for Triton usage and cannot be forwarded."
+        )));
+    }
+    Ok((name.to_string(), ParamValue::String(String::from_utf8_lossy(value).into_owned())))
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct InputTensor {
     pub name: String,

@@ -6,7 +6,7 @@ use crate::{
     device::DeviceBytes,
     error::{Error, Result},
     model::{Schema, TensorSpec},
-    request::{InferRequest, InputTensor, Parameters},
+    request::{InferRequest, InputTensor, ParamValue, Parameters},
     tensor::{DataType, count_bytes_elements, element_count, shape_string},
 };
 
@@ -120,11 +120,26 @@ fn uint_parameter(params: &Parameters, key: &str) -> Result<Option<u64>> {
 }
 
 fn check_parameters(params: &Parameters) -> Result<()> {
-    match params.keys().find(|k| k.starts_with("triton_") && *k != "triton_enable_empty_final_response") {
-        Some(k) => Err(Error::invalid(format!(
+    if let Some(k) = params.keys().find(|k| k.starts_with("triton_") && *k != "triton_enable_empty_final_response") {
+        return Err(Error::invalid(format!(
             "parameter '{k}': keys starting with 'triton_' are reserved for Triton usage and should not be specified."
-        ))),
-        None => Ok(()),
+        )));
+    }
+    // The sequence parameters keep their kinds, as Triton checks them.
+    let kind = |k: &str, expected: &str| {
+        Error::invalid(format!("invalid value type for '{k}' parameter, expected {expected}."))
+    };
+    for k in ["sequence_start", "sequence_end"] {
+        if params.get(k).is_some_and(|v| !matches!(v, ParamValue::Bool(_))) {
+            return Err(kind(k, "bool_param"));
+        }
+    }
+    match params.get("sequence_id") {
+        Some(ParamValue::Int(n)) if *n < 0 => {
+            Err(Error::invalid("invalid value for 'sequence_id', expected value >= 0."))
+        }
+        Some(ParamValue::Bool(_) | ParamValue::Double(_)) => Err(kind("sequence_id", "int64_param or string_param")),
+        _ => Ok(()),
     }
 }
 

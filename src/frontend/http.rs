@@ -312,8 +312,8 @@ pub async fn infer_body_with(
     request.trace_parent = header_str(headers, "traceparent").map(str::to_string);
     if let Some(pattern) = &s.forward_headers {
         for (name, value) in headers.iter().filter(|(n, _)| pattern.is_match(n.as_str())) {
-            let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
-            request.parameters.insert(name.as_str().to_string(), crate::request::ParamValue::String(value));
+            let (name, value) = crate::request::forwarded_header(name.as_str(), value.as_bytes())?;
+            request.parameters.insert(name, value);
         }
     }
     request.parameters.extend(extra);

@@ -69,6 +69,41 @@ def test_headers_matching_the_forward_pattern_become_parameters(fresh_repo, prot
         assert params.get("x-team-id") == "blue" and "x-other" not in params, params
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_reserved_names_are_not_forwarded_and_values_arrive_byte_for_byte(fresh_repo, protocol):
+    models.python_model(fresh_repo, "params", PARAMS, PARAMS_CONFIG)
+    with Server(["--model-repository", fresh_repo, "--http-header-forward-pattern", ".*",
+                 "--grpc-header-forward-pattern", ".*"]) as s:
+        lib = httpclient if protocol == "http" else grpcclient
+        client = s.client() if protocol == "http" else s.grpc_client()
+        x = lambda: [lib.InferInput("X", [1], "FP32").set_data_from_numpy(np.ones(1, dtype=np.float32))]
+        quoted = 'say "hi" \\ there'
+        params = json.loads(client.infer("params", x(), headers={"my_header": quoted}).as_numpy("PARAMS")[0][0])
+        assert params["my_header"] == quoted, params
+        for reserved in ("sequence_id", "priority", "timeout", "headers", "binary_data_output", "triton_anything"):
+            with pytest.raises(InferenceServerException,
+                               match=f"Header '{reserved}' is reserved for Triton usage and cannot be forwarded"):
+                client.infer("params", x(), headers={reserved: "dummy-value"})
+
+
+def test_reserved_parameters_keep_their_kinds(fresh_repo):
+    models.python_model(fresh_repo, "params", PARAMS, PARAMS_CONFIG)
+    with Server(["--model-repository", fresh_repo]) as s:
+        # Sent raw: tritonclient refuses reserved names itself; the server checks them too.
+        import urllib.request
+        body = {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+        for params, error in [({"sequence_start": "yes"}, b"'sequence_start' parameter, expected bool_param"),
+                              ({"sequence_id": 1.5}, b"'sequence_id' parameter, expected int64_param or string_param"),
+                              ({"triton_x": 1}, b"reserved for Triton usage"), ({"timeout": "soon"}, b"'timeout'"),
+                              ({"priority": -1}, b"'priority'")]:
+            req = urllib.request.Request(f"http://{s.url}/v2/models/params/infer",
+                                         json.dumps({**body, "parameters": params}).encode(),
+                                         {"Content-Type": "application/json"})
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(req, timeout=30)
+            assert e.value.code == 400 and error in e.value.read(), params
+
+
 def test_a_folder_with_model_py_is_a_python_model(fresh_repo):
     models.python_model(fresh_repo, "params", PARAMS, None)
     models.write(os.path.join(fresh_repo, "params", "config.pbtxt"), PARAMS_CONFIG.replace('backend: "python"', ""))

@@ -61,7 +61,7 @@ impl Grpc {
     async fn infer(&self, req: pb::ModelInferRequest, meta: Meta) -> Result<pb::ModelInferResponse, Error> {
         let mut request = convert::request(req, self.engine.shm())?;
         request.trace_parent = meta.trace;
-        request.parameters.extend(meta.forwarded);
+        request.parameters.extend(meta.forwarded?);
         Ok(convert::response(self.engine.infer(request).await?))
     }
 
@@ -104,10 +104,10 @@ impl Grpc {
                 })
             }
         };
-        let request = convert::request(req, self.engine.shm()).map(|mut r| {
+        let request = convert::request(req, self.engine.shm()).and_then(|mut r| {
             r.trace_parent = meta.trace;
-            r.parameters.extend(meta.forwarded);
-            r
+            r.parameters.extend(meta.forwarded?);
+            Ok(r)
         });
         let mut responses = match request {
             Ok(r) => match self.engine.infer_stream(r).await {
@@ -157,25 +157,32 @@ fn failed_reply(req: &pb::ModelInferRequest) -> pb::ModelInferResponse {
 
 /// What a request's metadata gives the engine: the caller's W3C trace context and the
 /// forwarded headers.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct Meta {
     trace: Option<String>,
-    forwarded: Vec<(String, crate::request::ParamValue)>,
+    /// The forwarded headers, or the error of one whose name is reserved.
+    forwarded: Result<Vec<(String, crate::request::ParamValue)>, Error>,
+}
+
+impl Default for Meta {
+    fn default() -> Self {
+        Meta { trace: None, forwarded: Ok(Vec::new()) }
+    }
 }
 
 impl Grpc {
     fn meta<T>(&self, r: &Request<T>) -> Meta {
         let trace = r.metadata().get("traceparent").and_then(|v| v.to_str().ok()).map(str::to_string);
         let forwarded = match &self.forward {
-            None => Vec::new(),
+            None => Ok(Vec::new()),
+            // Byte for byte (a value need not be visible ASCII to be forwarded).
             Some(pattern) => r
                 .metadata()
                 .iter()
                 .filter_map(|kv| match kv {
-                    tonic::metadata::KeyAndValueRef::Ascii(k, v) if pattern.is_match(k.as_str()) => Some((
-                        k.as_str().to_string(),
-                        crate::request::ParamValue::String(v.to_str().unwrap_or_default().to_string()),
-                    )),
+                    tonic::metadata::KeyAndValueRef::Ascii(k, v) if pattern.is_match(k.as_str()) => {
+                        Some(crate::request::forwarded_header(k.as_str(), v.as_encoded_bytes()))
+                    }
                     _ => None,
                 })
                 .collect(),
