@@ -27,7 +27,7 @@ pub struct TensorSpec {
     pub labels: Arc<Vec<String>>,
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Schema {
     /// 0 = the model does not batch; requests' shapes are taken as they are.
     pub max_batch_size: usize,
@@ -36,6 +36,59 @@ pub struct Schema {
     /// BYTES elements must be UTF-8 text (the backend's strings are text, as ONNX's are): checked
     /// per request, so one client's bad string fails only its own request.
     pub utf8_bytes: bool,
+    /// Inputs the scheduler makes for each batch it forms (config `batch_input`).
+    pub batch_inputs: Vec<BatchInputSpec>,
+    /// Outputs split back per request by the shape of an input (config `batch_output`
+    /// `BATCH_SCATTER_WITH_INPUT_SHAPE`): (output index, source input index).
+    pub scatter_outputs: Vec<(usize, usize)>,
+}
+
+/// What a generated batch input holds, per request of the batch (Triton's `BatchInput.Kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BatchInputKind {
+    ElementCount,
+    AccumulatedElementCount,
+    AccumulatedElementCountWithZero,
+    MaxElementCountAsShape,
+    ItemShape,
+    ItemShapeFlatten,
+}
+
+impl BatchInputKind {
+    pub fn from_config(kind: i32) -> Option<BatchInputKind> {
+        use BatchInputKind::*;
+        Some(match kind {
+            0 => ElementCount,
+            1 => AccumulatedElementCount,
+            2 => AccumulatedElementCountWithZero,
+            3 => MaxElementCountAsShape,
+            4 => ItemShape,
+            5 => ItemShapeFlatten,
+            _ => return None,
+        })
+    }
+
+    pub fn config_name(self) -> &'static str {
+        use BatchInputKind::*;
+        match self {
+            ElementCount => "BATCH_ELEMENT_COUNT",
+            AccumulatedElementCount => "BATCH_ACCUMULATED_ELEMENT_COUNT",
+            AccumulatedElementCountWithZero => "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO",
+            MaxElementCountAsShape => "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE",
+            ItemShape => "BATCH_ITEM_SHAPE",
+            ItemShapeFlatten => "BATCH_ITEM_SHAPE_FLATTEN",
+        }
+    }
+}
+
+/// One generated batch input: the model input `name` of `datatype`, computed from the requests'
+/// input `source` (a schema input index).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchInputSpec {
+    pub name: String,
+    pub kind: BatchInputKind,
+    pub datatype: DataType,
+    pub source: usize,
 }
 
 impl Schema {
@@ -46,7 +99,42 @@ impl Schema {
         let inputs = config.input.iter().map(input_spec).collect::<Result<Vec<_>>>()?;
         let outputs = config.output.iter().zip(labels).map(|(o, l)| output_spec(o, l)).collect::<Result<Vec<_>>>()?;
         let max_batch_size = usize::try_from(config.max_batch_size).unwrap_or(0);
-        Ok(Schema { max_batch_size, inputs, outputs, utf8_bytes: config.backend == "onnxruntime" })
+        let source = |names: &[String]| {
+            let name = names.first().map_or("", String::as_str);
+            inputs
+                .iter()
+                .position(|t: &TensorSpec| t.name == name)
+                .ok_or_else(|| Error::invalid(format!("unknown source input name '{name}'")))
+        };
+        let mut batch_inputs = Vec::new();
+        for b in &config.batch_input {
+            let kind = BatchInputKind::from_config(b.kind)
+                .ok_or_else(|| Error::invalid(format!("batch input kind {} is not known", b.kind)))?;
+            let source = source(&b.source_input)?;
+            for name in &b.target_name {
+                let datatype = datatype(b.data_type, "batch input", name)?;
+                batch_inputs.push(BatchInputSpec { name: name.clone(), kind, datatype, source });
+            }
+        }
+        let mut scatter_outputs = Vec::new();
+        for b in &config.batch_output {
+            let source = source(&b.source_input)?;
+            for name in &b.target_name {
+                let at = outputs
+                    .iter()
+                    .position(|t| &t.name == name)
+                    .ok_or_else(|| Error::invalid(format!("unknown target output name '{name}'")))?;
+                scatter_outputs.push((at, source));
+            }
+        }
+        Ok(Schema {
+            max_batch_size,
+            inputs,
+            outputs,
+            utf8_bytes: config.backend == "onnxruntime",
+            batch_inputs,
+            scatter_outputs,
+        })
     }
 
     /// Tensors the model holds as scalars where the config says `dims: [1]`: the model sees
@@ -70,6 +158,11 @@ impl Schema {
 
     pub fn output_index(&self, name: &str) -> Option<usize> {
         self.outputs.iter().position(|t| t.name == name)
+    }
+
+    /// The input whose shape splits output `index` back per request (`batch_output`).
+    pub fn scatter_source(&self, index: usize) -> Option<usize> {
+        self.scatter_outputs.iter().find(|(o, _)| *o == index).map(|(_, s)| *s)
     }
 
     /// What a model returned for output `index`, against its config: the datatype, and bytes
@@ -203,7 +296,7 @@ mod tests {
             allow_ragged_batch: false,
             labels: Arc::default(),
         };
-        Schema { max_batch_size, inputs: vec![], outputs: vec![spec], utf8_bytes: false }
+        Schema { max_batch_size, outputs: vec![spec], ..Default::default() }
     }
 
     fn tensor(datatype: DataType, shape: Vec<i64>, data: &'static [u8]) -> Tensor {

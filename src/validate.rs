@@ -167,9 +167,14 @@ fn place_inputs(model: &str, schema: &Schema, given: Vec<InputTensor>) -> Result
         .collect();
     if !missing.is_empty() {
         let required = schema.inputs.iter().filter(|s| !s.optional).count();
+        let expected = if required == schema.inputs.len() {
+            format!("expected {required} inputs")
+        } else {
+            format!("expected number of inputs between {required} and {}", schema.inputs.len())
+        };
         return Err(Error::invalid(format!(
-            "expected {required} inputs but got {} inputs for model '{model}'. Got input(s) [{}], but missing \
-             required input(s) [{}]. Please provide all required input(s).",
+            "{expected} but got {} inputs for model '{model}'. Got input(s) [{}], but missing required input(s) \
+             [{}]. Please provide all required input(s).",
             given_names.len(),
             given_names.join(","),
             missing.join(",")

@@ -19,7 +19,7 @@ fn spec(name: &str, datatype: DataType, dims: &[i64]) -> TensorSpec {
 }
 
 fn schema(max: usize, inputs: Vec<TensorSpec>, outputs: Vec<TensorSpec>) -> Arc<Schema> {
-    Arc::new(Schema { max_batch_size: max, inputs, outputs, utf8_bytes: false })
+    Arc::new(Schema { max_batch_size: max, inputs, outputs, ..Default::default() })
 }
 
 /// `pre`: TEXT (BYTES [1]) -> IDS (INT64 [-1]); `core`: IDS -> EMB (FP32 [4]).

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 
-use super::{Job, ModelContext, Responder};
+use super::{Job, ModelContext, Responder, ragged};
 use crate::{
     backend::{BackendInput, BackendRequest, DeviceTarget, ModelInstance},
     classify::classify,
@@ -65,12 +65,12 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
     };
     let inputs: Vec<BackendInput<'_>> = assembled
         .iter()
-        .map(|(i, shape, buf)| BackendInput {
-            name: &schema.inputs[*i].name,
-            datatype: schema.inputs[*i].datatype,
-            shape,
-            data: buf.bytes(),
-            device: buf.device(),
+        .map(|a| BackendInput {
+            name: a.name,
+            datatype: a.datatype,
+            shape: &a.shape,
+            data: a.buffer.bytes(),
+            device: a.buffer.device(),
         })
         .collect();
     let names: Vec<&str> = wanted.iter().map(|&i| schema.outputs[i].name.as_str()).collect();
@@ -87,7 +87,7 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
     drop(assembled);
     let (outputs, written) = match result.and_then(|done| {
         let written = done.written;
-        check_outputs(ctx, &wanted, done.outputs, rows).map(|outs| (outs, written))
+        check_outputs(ctx, &jobs, &wanted, done.outputs, rows).map(|outs| (outs, written))
     }) {
         Ok(done) => done,
         Err(e) => {
@@ -99,12 +99,17 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
         }
     };
     let mut offset = 0;
+    let mut scattered = vec![0usize; schema.inputs.len()];
     let replies: Vec<_> = jobs
         .into_iter()
         .map(|job| {
             let _span = otel::response_span(&job.req.span).entered();
-            let response = respond(ctx, &job, (&wanted, &written), &outputs, offset, rows);
+            let at = At { row: offset, rows, elements: &scattered };
+            let response = respond(ctx, &job, (&wanted, &written), &outputs, at);
             offset += job.req.rows;
+            for (i, n) in scattered.iter_mut().enumerate() {
+                *n += job.req.inputs[i].as_ref().and_then(|t| element_count(&t.shape)).unwrap_or(0);
+            }
             (job, response)
         })
         .collect();
@@ -133,10 +138,22 @@ fn run_each(
 ) {
     let schema = &ctx.schema;
     let gone: Vec<_> = jobs.iter().map(|j| move || j.reply.is_closed()).collect();
+    // Each request is a batch of its own: its batch inputs describe it alone.
+    let generated: Vec<Result<Vec<ragged::Generated>>> = jobs
+        .iter()
+        .map(|j| {
+            schema
+                .batch_inputs
+                .iter()
+                .map(|b| ragged::generate(b, schema.batching(), &[j.req.inputs[b.source].as_ref()]))
+                .collect()
+        })
+        .collect();
     let requests: Vec<BackendRequest<'_>> = jobs
         .iter()
         .zip(&gone)
-        .map(|(j, gone)| BackendRequest {
+        .zip(&generated)
+        .map(|((j, gone), made)| BackendRequest {
             id: &j.req.id,
             parameters: &j.req.parameters,
             inputs: j
@@ -155,6 +172,13 @@ fn run_each(
                         device: t.device.as_slice(),
                     })
                 })
+                .chain(made.iter().flatten().zip(&schema.batch_inputs).map(|(g, b)| BackendInput {
+                    name: &b.name,
+                    datatype: b.datatype,
+                    shape: &g.shape,
+                    data: g.bytes(),
+                    device: &[],
+                }))
                 .collect(),
             outputs: j.req.outputs.iter().map(|o| schema.outputs[o.index].name.as_str()).collect(),
             stream: j.req.stream.as_ref(),
@@ -172,7 +196,9 @@ fn run_each(
     let replies: Vec<_> = jobs
         .into_iter()
         .zip(results)
-        .map(|(job, result)| {
+        .zip(generated)
+        .map(|((job, result), made)| {
+            let result = made.and(result);
             let response = result.map_err(|e| e.with_origin(Origin::Backend)).and_then(|answer| {
                 if job.req.stream.is_some() {
                     // Its responses stream; this reply only says the request was taken.
@@ -306,11 +332,20 @@ fn to_device(job: &Job, index: usize, t: &mut Tensor, written: bool) -> Result<(
     Ok(())
 }
 
-/// The batch's inputs. Pieces in GPU memory stay there when every request's piece is on the
-/// instance's own GPU; otherwise they are copied into the host buffer with the rest.
-fn assemble(schema: &Schema, jobs: &[Job], rows: usize, gpu: Option<i32>) -> Result<Vec<(usize, Vec<i64>, Buffer)>> {
+/// One input of the batch as the instance gets it.
+struct Assembled<'a> {
+    name: &'a str,
+    datatype: DataType,
+    shape: Vec<i64>,
+    buffer: Buffer,
+}
+
+/// The batch's inputs, then the batch inputs made for it. Pieces in GPU memory stay there when
+/// every request's piece is on the instance's own GPU; otherwise they are copied into the host
+/// buffer with the rest.
+fn assemble<'a>(schema: &'a Schema, jobs: &[Job], rows: usize, gpu: Option<i32>) -> Result<Vec<Assembled<'a>>> {
     let first = &jobs[0].req;
-    let mut assembled = Vec::with_capacity(schema.inputs.len());
+    let mut assembled = Vec::with_capacity(schema.inputs.len() + schema.batch_inputs.len());
     for i in 0..schema.inputs.len() {
         let Some(head) = first.inputs[i].as_ref() else { continue };
         let pieces = || jobs.iter().filter_map(|j| j.req.inputs[i].as_ref());
@@ -346,13 +381,26 @@ fn assemble(schema: &Schema, jobs: &[Job], rows: usize, gpu: Option<i32>) -> Res
             }
             Buffer::Gathered(words, len)
         };
-        assembled.push((i, shape, buffer));
+        let spec = &schema.inputs[i];
+        assembled.push(Assembled { name: &spec.name, datatype: spec.datatype, shape, buffer });
+    }
+    for b in &schema.batch_inputs {
+        let sources: Vec<_> = jobs.iter().map(|j| j.req.inputs[b.source].as_ref()).collect();
+        let made = ragged::generate(b, schema.batching(), &sources)?;
+        let buffer = Buffer::Gathered(made.words, made.len);
+        assembled.push(Assembled { name: &b.name, datatype: b.datatype, shape: made.shape, buffer });
     }
     Ok(assembled)
 }
 
 /// Checks what the backend returned against the config, and maps them by schema index.
-fn check_outputs(ctx: &ModelContext, wanted: &[usize], outs: Vec<Tensor>, rows: usize) -> Result<Vec<Tensor>> {
+fn check_outputs(
+    ctx: &ModelContext,
+    jobs: &[Job],
+    wanted: &[usize],
+    outs: Vec<Tensor>,
+    rows: usize,
+) -> Result<Vec<Tensor>> {
     if outs.len() != wanted.len() {
         return Err(Error::internal(format!(
             "model '{}' returned {} outputs, expected {}",
@@ -364,7 +412,10 @@ fn check_outputs(ctx: &ModelContext, wanted: &[usize], outs: Vec<Tensor>, rows: 
     for (t, &i) in outs.iter().zip(wanted) {
         check_datatype(ctx, i, t)?;
         let spec = &ctx.schema.outputs[i];
-        if ctx.schema.batching() && t.shape.first().copied() != Some(rows as i64) {
+        if let Some(source) = ctx.schema.scatter_source(i) {
+            let counts = ragged::element_counts(jobs.iter().map(|j| j.req.inputs[source].as_ref()));
+            ragged::check_scatter(&ctx.name, &ctx.schema, i, t, &counts)?;
+        } else if ctx.schema.batching() && t.shape.first().copied() != Some(rows as i64) {
             return Err(Error::internal(format!(
                 "model '{}' output '{}' has shape {:?}, whose first dim should be the batch size {rows}",
                 ctx.name, spec.name, t.shape
@@ -374,27 +425,39 @@ fn check_outputs(ctx: &ModelContext, wanted: &[usize], outs: Vec<Tensor>, rows: 
     Ok(outs)
 }
 
+/// Where one request's part of the batch starts: its first row of `rows`, and the elements of
+/// each input the requests before it sent (for scattered outputs).
+struct At<'a> {
+    row: usize,
+    rows: usize,
+    elements: &'a [usize],
+}
+
 fn respond(
     ctx: &ModelContext,
     job: &Job,
     (wanted, written): (&[usize], &[bool]),
     outs: &[Tensor],
-    offset: usize,
-    rows: usize,
+    at: At<'_>,
 ) -> Result<InferResponse> {
     let outputs = job
         .req
         .outputs
         .iter()
         .map(|o| {
-            let at = wanted.binary_search(&o.index).expect("every requested output was run");
-            let t = &outs[at];
-            let part = if ctx.schema.batching() && rows != job.req.rows {
-                slice_rows(t, offset, job.req.rows, rows)?
+            let index = wanted.binary_search(&o.index).expect("every requested output was run");
+            let t = &outs[index];
+            let scatter = ctx.schema.scatter_source(o.index).map(|s| (s, job.req.inputs[s].as_ref()));
+            let part = if let Some((source, input)) = scatter {
+                let shape = input.map_or(&[0][..], |t| &t.shape);
+                let count = element_count(shape).unwrap_or(0);
+                ragged::scatter(t, at.elements[source], count, shape)?
+            } else if ctx.schema.batching() && at.rows != job.req.rows {
+                slice_rows(t, at.row, job.req.rows, at.rows)?
             } else {
                 t.clone()
             };
-            finish_output(ctx, job, o, part, written.get(at).copied().unwrap_or(false))
+            finish_output(ctx, job, o, part, written.get(index).copied().unwrap_or(false))
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(response(ctx, job, outputs))

@@ -22,6 +22,7 @@ use crate::{
 mod batch;
 pub mod batcher;
 mod queue;
+mod ragged;
 pub mod rate_limit;
 pub mod sequence;
 

@@ -47,7 +47,7 @@ fn spec(name: &str) -> TensorSpec {
 fn scheduler(batching: BatchPolicy, instances: usize, pause: Duration) -> (Scheduler, Arc<Stats>) {
     let policy = Policy { batching, queue: QueuePolicy::new(None), preserve_ordering: false };
     let schema =
-        Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], utf8_bytes: false });
+        Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], ..Default::default() });
     let stats = Arc::new(Stats::default());
     let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::clone(&stats) };
     let instances: Vec<Box<dyn ModelInstance>> =
@@ -144,7 +144,7 @@ impl ModelInstance for Sleeper {
 
 fn scheduler_with(policy: Policy, instances: Vec<Box<dyn ModelInstance>>) -> Scheduler {
     let schema =
-        Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], utf8_bytes: false });
+        Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], ..Default::default() });
     let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::new(Stats::default()) };
     Scheduler::start(ctx, policy, instances, None, Vec::new()).unwrap()
 }
@@ -221,7 +221,7 @@ impl ModelInstance for Fragile {
 async fn a_panicking_instance_fails_its_batch_and_is_restarted() {
     let policy = Policy { batching: BatchPolicy::new(8, None), queue: QueuePolicy::new(None), preserve_ordering: true };
     let schema =
-        Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], utf8_bytes: false });
+        Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], ..Default::default() });
     let stats = Arc::new(Stats::default());
     let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::clone(&stats) };
     let rebuilt = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -314,7 +314,7 @@ async fn a_dropped_reply_takes_its_request_and_its_ticket_out_of_the_queue_at_on
     let policy = Policy { batching: BatchPolicy::new(8, None), queue: QueuePolicy::new(None), preserve_ordering: true };
     let stats = Arc::new(Stats::default());
     let schema =
-        Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], utf8_bytes: false });
+        Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], ..Default::default() });
     let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::clone(&stats) };
     let s = Scheduler::start(ctx, policy, vec![Box::new(Sleeper)], None, Vec::new()).unwrap();
     // The one instance is busy for a while; three requests queue behind it, each with its ticket.

@@ -25,7 +25,7 @@ fn simple(max_batch_size: usize) -> Schema {
         max_batch_size,
         inputs: vec![spec("INPUT0", DataType::Int32, &[16]), spec("INPUT1", DataType::Int32, &[16])],
         outputs: vec![spec("OUTPUT0", DataType::Int32, &[16]), spec("OUTPUT1", DataType::Int32, &[16])],
-        utf8_bytes: false,
+        ..Default::default()
     }
 }
 
@@ -126,12 +126,7 @@ fn unbatched_model_takes_shape_as_is() {
 
 #[test]
 fn bytes_inputs_count_elements() {
-    let schema = Schema {
-        max_batch_size: 0,
-        inputs: vec![spec("s", DataType::Bytes, &[2])],
-        outputs: vec![],
-        utf8_bytes: false,
-    };
+    let schema = Schema { max_batch_size: 0, inputs: vec![spec("s", DataType::Bytes, &[2])], ..Default::default() };
     let mut data = Vec::new();
     crate::tensor::push_bytes_element(&mut data, b"hello");
     let one = InputTensor::host("s", DataType::Bytes, vec![2], Bytes::from(data.clone()));

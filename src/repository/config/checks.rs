@@ -43,6 +43,68 @@ fn check_datatype(what: &str, name: &str, n: i32) -> Result<(), String> {
 }
 
 /// The rules of model-config.md §5.4 that apply to models ferry can run.
+/// `batch_input` and `batch_output` as Triton checks them: one source input that exists, known
+/// kinds, targets that are new inputs and existing outputs named once.
+fn validate_batch_io(cfg: &ModelConfig) -> Result<(), String> {
+    let known_input = |name: &str| cfg.input.iter().any(|i| i.name == name);
+    let mut targets: Vec<&str> = Vec::new();
+    for b in &cfg.batch_input {
+        let kind = crate::model::BatchInputKind::from_config(b.kind)
+            .ok_or_else(|| format!("batch input kind {} is not a known kind", b.kind))?;
+        if b.source_input.len() != 1 {
+            return Err(format!(
+                "batch input kind '{}' expects 1 source input, got {}",
+                kind.config_name(),
+                b.source_input.len()
+            ));
+        }
+        if !known_input(&b.source_input[0]) {
+            return Err(format!("unknown source input name '{}'", b.source_input[0]));
+        }
+        if b.target_name.is_empty() {
+            return Err(format!("batch input kind '{}' expects a target_name", kind.config_name()));
+        }
+        let dt = DataType::from_config(b.data_type);
+        if !matches!(dt, Some(DataType::Int32 | DataType::Int64 | DataType::Fp32)) {
+            return Err(format!(
+                "batch input '{}' must have data_type TYPE_INT32, TYPE_INT64 or TYPE_FP32",
+                b.target_name[0]
+            ));
+        }
+        for t in &b.target_name {
+            if known_input(t) || targets.contains(&t.as_str()) {
+                return Err(format!("batch input target name '{t}' is already an input of the model"));
+            }
+            targets.push(t);
+        }
+    }
+    let mut scattered: Vec<&str> = Vec::new();
+    for b in &cfg.batch_output {
+        if b.kind != 0 {
+            return Err(format!("batch output kind {} is not a known kind", b.kind));
+        }
+        if b.source_input.len() != 1 {
+            return Err(format!(
+                "batch output kind 'BATCH_SCATTER_WITH_INPUT_SHAPE' expects 1 source input, got {}",
+                b.source_input.len()
+            ));
+        }
+        if !known_input(&b.source_input[0]) {
+            return Err(format!("unknown source input name '{}'", b.source_input[0]));
+        }
+        for t in &b.target_name {
+            if !cfg.output.iter().any(|o| &o.name == t) {
+                return Err(format!("unknown target output name '{t}'"));
+            }
+            if scattered.contains(&t.as_str()) {
+                return Err(format!("target output name '{t}' can only be specified once"));
+            }
+            scattered.push(t);
+        }
+    }
+    Ok(())
+}
+
 pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
     if cfg.max_batch_size < 0 {
         return Err(format!("max_batch_size must be >= 0, got {}", cfg.max_batch_size));
@@ -71,9 +133,7 @@ pub fn validate(cfg: &ModelConfig) -> Result<(), String> {
         check_dims("output", &o.name, &o.dims, false)?;
         check_reshape("output", &o.name, &o.dims, o.reshape.as_ref(), batching)?;
     }
-    if !cfg.batch_input.is_empty() || !cfg.batch_output.is_empty() {
-        return Err("batch_input and batch_output (ragged batching helpers) are not supported by ferry".into());
-    }
+    validate_batch_io(cfg)?;
     let mut names: Vec<&str> = cfg.input.iter().map(|i| i.name.as_str()).collect();
     names.sort_unstable();
     if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
@@ -298,19 +358,30 @@ pub fn check_against_model(cfg: &ModelConfig, io: &ModelIo) -> Result<Scalars, S
     let batching = cfg.max_batch_size > 0;
     for i in &cfg.input {
         let m = find(&io.inputs, &i.name, "input", cfg)?;
-        if compare(&cfg.name, "input", &i.name, i.data_type, &i.dims, i.reshape.as_ref(), m, batching)? {
+        // A ragged input reaches the model as one flat tensor of every request's elements.
+        if i.allow_ragged_batch && m.shape.len() == 1 {
+            same_datatype(&cfg.name, "input", &i.name, i.data_type, m)?;
+        } else if compare(&cfg.name, "input", &i.name, i.data_type, &i.dims, i.reshape.as_ref(), m, batching)? {
             scalars.inputs.push(i.name.clone());
         }
     }
-    if let Some(missing) = io.inputs.iter().find(|m| !cfg.input.iter().any(|i| i.name == m.name)) {
-        return Err(format!(
-            "model '{}': the model requires input '{}', which the configuration does not list",
-            cfg.name, missing.name
-        ));
+    for m in io.inputs.iter().filter(|m| !cfg.input.iter().any(|i| i.name == m.name)) {
+        match cfg.batch_input.iter().find(|b| b.target_name.contains(&m.name)) {
+            Some(b) => same_datatype(&cfg.name, "batch input", &m.name, b.data_type, m)?,
+            None => {
+                return Err(format!(
+                    "model '{}': the model requires input '{}', which the configuration does not list",
+                    cfg.name, m.name
+                ));
+            }
+        }
     }
     for o in &cfg.output {
         let m = find(&io.outputs, &o.name, "output", cfg)?;
-        if compare(&cfg.name, "output", &o.name, o.data_type, &o.dims, o.reshape.as_ref(), m, batching)? {
+        // A scattered output's shape is the model's own (split by an input's shapes).
+        if cfg.batch_output.iter().any(|b| b.target_name.contains(&o.name)) {
+            same_datatype(&cfg.name, "output", &o.name, o.data_type, m)?;
+        } else if compare(&cfg.name, "output", &o.name, o.data_type, &o.dims, o.reshape.as_ref(), m, batching)? {
             scalars.outputs.push(o.name.clone());
         }
     }
@@ -328,6 +399,18 @@ fn find<'a>(list: &'a [TensorInfo], name: &str, what: &str, cfg: &ModelConfig) -
     })
 }
 
+fn same_datatype(model: &str, what: &str, name: &str, data_type: i32, m: &TensorInfo) -> Result<(), String> {
+    let config_dt = DataType::from_config(data_type);
+    if m.datatype != config_dt {
+        let model_dt = m.datatype.map_or("an unsupported type", |d| d.config_name());
+        return Err(format!(
+            "model '{model}', {what} '{name}': the configuration says {} but the model has {model_dt}",
+            config_dt.map_or("TYPE_INVALID", |d| d.config_name())
+        ));
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 fn compare(
     model: &str,
@@ -339,14 +422,7 @@ fn compare(
     m: &TensorInfo,
     batching: bool,
 ) -> Result<bool, String> {
-    let config_dt = DataType::from_config(data_type);
-    if m.datatype != config_dt {
-        let model_dt = m.datatype.map_or("an unsupported type", |d| d.config_name());
-        return Err(format!(
-            "model '{model}', {what} '{name}': the configuration says {} but the model has {model_dt}",
-            config_dt.map_or("TYPE_INVALID", |d| d.config_name())
-        ));
-    }
+    same_datatype(model, what, name, data_type, m)?;
     if batching && m.shape.first() != Some(&-1) {
         return Err(format!(
             "model '{model}', {what} '{name}': max_batch_size > 0 needs a variable first (batch) dimension, but the \
