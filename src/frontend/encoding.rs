@@ -12,9 +12,11 @@ use crate::error::{Error, Result};
 /// Oversized bodies up to this size are read and dropped before the 413 is sent.
 const DRAIN_LIMIT: usize = 256 << 20;
 
-fn too_large(limit: usize) -> Error {
+/// Triton's words; `size` is what is known of the body (at least `limit` + 1 bytes).
+fn too_large(size: usize, limit: usize) -> Error {
     Error::too_large(format!(
-        "request body is larger than the limit of {limit} bytes; raise it with --http-max-input-size"
+        "request JSON size of {size} bytes exceeds the maximum allowed input size of {limit} bytes. Use \
+         --http-max-input-size to increase the limit."
     ))
 }
 
@@ -27,7 +29,7 @@ pub async fn read_body(body: Body, declared: Option<usize>, limit: usize) -> Res
         if n <= DRAIN_LIMIT {
             while let Some(Ok(_)) = body.frame().await {}
         }
-        return Err(too_large(limit));
+        return Err(too_large(n, limit));
     }
     let mut buf = BytesMut::with_capacity(declared.unwrap_or(0));
     let mut first: Option<Bytes> = None;
@@ -41,7 +43,7 @@ pub async fn read_body(body: Body, declared: Option<usize>, limit: usize) -> Res
         };
         let have = first.as_ref().map_or(0, Bytes::len) + buf.len();
         if have + chunk.len() > limit {
-            return Err(too_large(limit));
+            return Err(too_large(have + chunk.len(), limit));
         }
         // A body that arrives in one chunk is used as is, without a copy.
         match first.take() {
@@ -75,7 +77,7 @@ pub fn decompress(body: Bytes, encoding: Option<&str>, limit: usize) -> Result<B
         .read_to_end(&mut out)
         .map_err(|e| Error::invalid(format!("cannot decompress the {encoding} request body: {e}")))?;
     if out.len() > limit {
-        return Err(too_large(limit));
+        return Err(too_large(out.len(), limit));
     }
     Ok(Bytes::from(out))
 }

@@ -257,27 +257,23 @@ async fn invocations_stream(State(s): State<Arc<SageMakerState>>, headers: Heade
 
 async fn generated(s: &SageMakerState, model: &str, headers: &HeaderMap, body: Body) -> Result<Response, Error> {
     let body = read_request(&s.http, headers, body).await?;
-    let stream = generate::start_with(&s.http, model, None, &with_custom_attributes(&body, headers)?).await?;
-    Ok((StatusCode::OK, axum::Json(generate::last_json(model, stream).await?)).into_response())
+    let stream = generate::start_with(&s.http, model, None, &body, custom_attributes(headers)).await?;
+    Ok(generate::one_reply(stream).await)
 }
 
 async fn streamed(s: &SageMakerState, model: &str, headers: &HeaderMap, body: Body) -> Result<Response, Error> {
     let body = read_request(&s.http, headers, body).await?;
-    let stream = generate::start_with(&s.http, model, None, &with_custom_attributes(&body, headers)?).await?;
-    Ok(generate::sse(stream))
+    let stream = generate::start_with(&s.http, model, None, &body, custom_attributes(headers)).await?;
+    Ok(generate::sse(stream).await)
 }
 
-/// A generate body with the request's custom attributes added to its parameters.
-fn with_custom_attributes(body: &[u8], headers: &HeaderMap) -> Result<Vec<u8>, Error> {
-    let Some(attributes) = header_str(headers, CUSTOM_ATTRIBUTES) else { return Ok(body.to_vec()) };
-    let mut doc: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_slice(body).map_err(|e| Error::invalid(format!("failed to parse the request JSON: {e}")))?;
-    let params = doc.entry("parameters").or_insert_with(|| json!({}));
-    let Some(params) = params.as_object_mut() else {
-        return Err(Error::invalid("the request's 'parameters' must be an object"));
-    };
-    params.insert(ATTRIBUTES_PARAMETER.into(), json!(attributes));
-    Ok(serde_json::to_vec(&doc).unwrap_or_default())
+/// The request's custom attributes as the request parameter the model reads them from.
+fn custom_attributes(headers: &HeaderMap) -> crate::request::Parameters {
+    let mut params = crate::request::Parameters::new();
+    if let Some(attributes) = header_str(headers, CUSTOM_ATTRIBUTES) {
+        params.insert(ATTRIBUTES_PARAMETER.into(), crate::request::ParamValue::String(attributes.to_string()));
+    }
+    params
 }
 
 async fn execution_parameters(State(s): State<Arc<SageMakerState>>) -> Response {

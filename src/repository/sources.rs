@@ -209,7 +209,9 @@ impl Sources {
                 if !p.is_dir() {
                     return Err(format!("model repository '{}' is not a readable folder", p.display()));
                 }
-                roots.push(Root::Local(p));
+                // Absolute, so that a model's files are found from any working folder (a
+                // Python model's process runs in its own).
+                roots.push(Root::Local(std::path::absolute(&p).unwrap_or(p)));
             }
         }
         Ok(Sources {

@@ -139,13 +139,18 @@ def test_generate_and_generate_stream_as_server_sent_events(server):
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
     conn.request("POST", "/v2/models/repeat/generate_stream", body=body)
     r = conn.getresponse()
-    assert r.status == 200 and r.getheader("Content-Type") == "text/event-stream"
+    assert r.status == 200 and r.getheader("Content-Type") == "text/event-stream; charset=utf-8"
     events = [json.loads(line[len("data: "):]) for line in r.read().decode().splitlines() if line.startswith("data: ")]
     assert [e["OUT"] for e in events] == [0, 1, 2] and events[0]["TEXT"] == "token0" and events[0]["id"] == "g1", events
+    conn.request("POST", "/v2/models/repeat/generate", body=json.dumps({"COUNT": 1, "DELAY": 0.0, "FAIL": 0}))
+    r = conn.getresponse()
+    doc = json.loads(r.read())
+    assert r.status == 200 and doc["OUT"] == 0 and doc["model_name"] == "repeat", doc
+    # generate wants exactly one response, as Triton's: the status is the first response's.
     conn.request("POST", "/v2/models/repeat/generate", body=body)
     r = conn.getresponse()
     doc = json.loads(r.read())
-    assert r.status == 200 and doc["OUT"] == 2 and doc["model_name"] == "repeat", doc
+    assert r.status == 200 and doc["error"].startswith("generate expects model to produce exactly 1 response"), doc
     conn.request("POST", "/v2/models/repeat/generate_stream", body=json.dumps({"COUNT": 3, "DELAY": 0.0, "FAIL": 1}))
     text = conn.getresponse().read().decode()
     assert '"error"' in text and "token 1 failed" in text, text

@@ -123,7 +123,7 @@ def test_routes(server):
 def test_oversize_body_is_413():
     with Server(["--http-max-input-size=1000", "--model-repository", __import__("conftest").EXAMPLES]) as small:
         status, msg = error_of(small, "POST", "/v2/models/simple/infer", b"{" + b" " * 2000 + b"}")
-        assert status == 413 and "limit of 1000 bytes" in msg and "--http-max-input-size" in msg
+        assert status == 413 and "exceeds the maximum allowed input size of 1000 bytes" in msg and "--http-max-input-size" in msg
         # A small body compressed well past the limit is refused after decompression too.
         import zlib
         status, msg = error_of(small, "POST", "/v2/models/simple/infer", zlib.compress(b" " * 5000), {"Content-Encoding": "deflate"})

@@ -219,7 +219,7 @@ def test_grpc_through_vertex_and_a_streamed_predict(fresh_repo):
         conn = http.client.HTTPConnection("127.0.0.1", port(s), timeout=30)
         conn.request("POST", PREDICT, body=json.dumps({"COUNT": 3, "DELAY": 0.0, "FAIL": 0}))
         resp = conn.getresponse()
-        assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream"
+        assert resp.status == 200 and resp.getheader("Content-Type") == "text/event-stream; charset=utf-8"
         events = [json.loads(l[6:]) for l in resp.read().decode().splitlines() if l.startswith("data: ")]
         assert [e["OUT"] for e in events] == [0, 1, 2]
     finally:
