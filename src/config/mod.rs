@@ -470,8 +470,9 @@ impl Config {
             python,
             http_tls,
             grpc_tls,
-            http_restricted: Restrictions::parse("--http-restricted-api", &a.http_restricted_api).map_err(invalid)?,
-            grpc_restricted: Restrictions::parse("--grpc-restricted-protocol", &a.grpc_restricted_protocol)
+            http_restricted: Restrictions::parse("http-restricted-api", "api", &a.http_restricted_api)
+                .map_err(invalid)?,
+            grpc_restricted: Restrictions::parse("grpc-restricted-protocol", "protocol", &a.grpc_restricted_protocol)
                 .map_err(invalid)?,
             http_header_forward: forward_pattern("--http-header-forward-pattern", a.http_header_forward_pattern)?,
             grpc_header_forward: forward_pattern("--grpc-header-forward-pattern", a.grpc_header_forward_pattern)?,

@@ -44,29 +44,34 @@ impl Category {
     }
 }
 
-/// The header (lowercase name) and value each restricted category needs.
+/// The header and value each restricted category needs.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Restrictions(BTreeMap<Category, (String, String)>);
 
+/// What gRPC puts before the header name a `--grpc-restricted-protocol` gives, as Triton does.
+pub const GRPC_HEADER_PREFIX: &str = "triton-grpc-protocol-";
+
 impl Restrictions {
-    /// Parses every occurrence of the flag; a category named twice is an error.
-    pub fn parse(flag: &str, specs: &[String]) -> Result<Restrictions, String> {
+    /// `--http-restricted-api` (`kind` "api") or `--grpc-restricted-protocol` ("protocol", the
+    /// header named with [`GRPC_HEADER_PREFIX`]), every occurrence, in Triton's words when one
+    /// is wrong: `<category,...>:<header>=<value>`, none of them empty, each category once.
+    pub fn parse(option: &str, kind: &str, specs: &[String]) -> Result<Restrictions, String> {
+        let prefix = if kind == "protocol" { GRPC_HEADER_PREFIX } else { "" };
         let mut out = BTreeMap::new();
         for spec in specs {
-            let bad = |why: &str| format!("{flag} '{spec}': {why} (expected <category,...>:<header>=<value>)");
-            let (cats, kv) = spec.split_once(':').ok_or_else(|| bad("no ':'"))?;
-            let (header, value) = kv.split_once('=').ok_or_else(|| bad("no '=' after the header name"))?;
-            let header = header.trim().to_ascii_lowercase();
-            if header.is_empty() || http::HeaderName::from_bytes(header.as_bytes()).is_err() {
-                return Err(bad("the header name is not valid"));
+            let format = || format!("--{option} option format is '<config name>:<setting>=<value>'. Got {spec}");
+            let (cats, kv) = spec.split_once(':').ok_or_else(format)?;
+            let (header, value) = kv.split_once('=').ok_or_else(format)?;
+            if cats.is_empty() || header.is_empty() || value.is_empty() {
+                return Err(format());
             }
-            for c in cats.split(',').map(str::trim) {
-                let cat = Category::ALL.iter().find(|k| k.name() == c).ok_or_else(|| {
-                    let known: Vec<&str> = Category::ALL.iter().map(|k| k.name()).collect();
-                    bad(&format!("unknown category '{c}' (categories: {})", known.join(", ")))
-                })?;
-                if out.insert(*cat, (header.clone(), value.to_string())).is_some() {
-                    return Err(bad(&format!("category '{c}' is restricted twice")));
+            for c in cats.split(',') {
+                let cat = Category::ALL
+                    .iter()
+                    .find(|k| k.name() == c)
+                    .ok_or_else(|| format!("unknown restricted {kind} '{c}' "))?;
+                if out.insert(*cat, (format!("{prefix}{header}"), value.to_string())).is_some() {
+                    return Err(format!("restricted {kind} '{c}' can not be specified in multiple config groups"));
                 }
             }
         }
@@ -91,16 +96,36 @@ mod tests {
     #[test]
     fn parses_and_checks() {
         let r = Restrictions::parse(
-            "--http-restricted-api",
-            &["model-repository,shared-memory:Admin-Key=s3cret".into(), "trace:t=1".into()],
+            "http-restricted-api",
+            "api",
+            &["model-repository,shared-memory:admin-key=s3cret".into(), "trace:t=1".into()],
         )
         .unwrap();
         assert_eq!(r.check(Category::Inference, |_| None), None);
         assert_eq!(r.check(Category::ModelRepository, |_| None), Some("admin-key"));
         assert_eq!(r.check(Category::ModelRepository, |h| (h == "admin-key").then_some("wrong")), Some("admin-key"));
         assert_eq!(r.check(Category::SharedMemory, |h| (h == "admin-key").then_some("s3cret")), None);
-        for bad in ["model-repository", "nope:k=v", "health:=v", "health:k", "health,health:k=v"] {
-            assert!(Restrictions::parse("--x", &[bad.into()]).is_err(), "{bad}");
+        let grpc = Restrictions::parse("grpc-restricted-protocol", "protocol", &["inference:infer-key=v".into()]);
+        assert_eq!(grpc.unwrap().check(Category::Inference, |_| None), Some("triton-grpc-protocol-infer-key"));
+    }
+
+    #[test]
+    fn parse_errors_in_tritons_words() {
+        let err = |spec: &str| Restrictions::parse("http-restricted-api", "api", &[spec.into()]).unwrap_err();
+        for bad in ["model-repository", "health:=v", "health:k", "health:k=", ":k=v"] {
+            assert_eq!(
+                err(bad),
+                format!("--http-restricted-api option format is '<config name>:<setting>=<value>'. Got {bad}")
+            );
         }
+        assert_eq!(err("model-reposit:k=v"), "unknown restricted api 'model-reposit' ");
+        assert_eq!(err("health, metadata:k=v"), "unknown restricted api ' metadata' ");
+        assert_eq!(err("health,health:k=v"), "restricted api 'health' can not be specified in multiple config groups");
+        let twice = Restrictions::parse(
+            "grpc-restricted-protocol",
+            "protocol",
+            &["metadata,health:a=1".into(), "health:b=2".into()],
+        );
+        assert_eq!(twice.unwrap_err(), "restricted protocol 'health' can not be specified in multiple config groups");
     }
 }

@@ -465,13 +465,31 @@ def test_restricted_apis_need_their_header_over_http_and_grpc(fresh_repo):
         with pytest.raises(InferenceServerException) as err:
             g.get_model_repository_index()
         assert err.value.status() == "StatusCode.UNAVAILABLE"
-        assert "This protocol is restricted, expecting header 'admin-key'" in err.value.message()
-        assert g.get_model_repository_index(headers={"admin-key": "s3cret"}) is not None
+        # Triton names the gRPC header with its prefix, and clients send it so.
+        assert ("This protocol is restricted, expecting header 'triton-grpc-protocol-admin-key'"
+                in err.value.message())
+        with pytest.raises(InferenceServerException, match="restricted"):
+            g.get_model_repository_index(headers={"admin-key": "s3cret"})
+        assert g.get_model_repository_index(headers={"triton-grpc-protocol-admin-key": "s3cret"}) is not None
         with pytest.raises(InferenceServerException, match="restricted"):
             g.get_trace_settings()
         assert g.is_server_ready() and g.get_model_metadata("simple").name == "simple"
         gins = [grpcclient.InferInput(n, [1, 16], "INT32").set_data_from_numpy(a) for n in ("INPUT0", "INPUT1")]
         assert g.infer("simple", gins).as_numpy("OUTPUT0")[0, 0] == 2
+
+
+@pytest.mark.parametrize("flags,why", [
+    (["--http-restricted-api", "metadata,health:k=v", "--http-restricted-api", "health:k2=v2"],
+     "restricted api 'health' can not be specified in multiple config groups"),
+    (["--http-restricted-api", "model-reposit,health:k=v"], "unknown restricted api 'model-reposit'"),
+    (["--grpc-restricted-protocol", "model-reposit,health:k=v"], "unknown restricted protocol 'model-reposit'"),
+    (["--grpc-restricted-protocol", "health:k="],
+     "--grpc-restricted-protocol option format is '<config name>:<setting>=<value>'. Got health:k="),
+])
+def test_restricted_flags_that_do_not_parse_stop_the_server_in_tritons_words(fresh_repo, flags, why):
+    s = Server(["--model-repository", fresh_repo, *flags], expect_exit=True)
+    assert s.wait_exit() != 0
+    assert why in s.log(), s.log()
 
 
 def test_sagemaker_model_api_only_on_multi_model_endpoints_and_never_replacing(tmp_path):
