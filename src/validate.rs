@@ -198,21 +198,19 @@ fn batch_rows(model: &str, schema: &Schema, slots: &[Option<InputTensor>]) -> Re
         };
         match rows {
             None => rows = Some((b, &t.name)),
-            Some((first, first_name)) if first != b => {
+            Some((first, _)) if first != b => {
                 return Err(Error::invalid(format!(
-                    "input '{}' batch size {b} does not match input '{first_name}' batch size {first} for '{model}'",
+                    "input '{}' batch size does not match other inputs for '{model}'",
                     t.name
                 )));
             }
             Some(_) => {}
         }
     }
-    let (b, name) = rows.unwrap_or((1, ""));
+    let (b, _) = rows.unwrap_or((1, ""));
     let max = schema.max_batch_size as i64;
     if b < 1 || b > max {
-        return Err(Error::invalid(format!(
-            "inference request batch-size must be <= {max} for '{model}' (input '{name}' has batch size {b}; it must be between 1 and {max})"
-        )));
+        return Err(Error::invalid(format!("inference request batch-size must be <= {max} for '{model}'")));
     }
     Ok(b as usize)
 }
@@ -226,26 +224,39 @@ fn check_input(model: &str, schema: &Schema, spec: &TensorSpec, t: InputTensor) 
             spec.datatype.wire()
         )));
     }
-    if t.shape.iter().any(|&d| d < 0) {
+    // Triton's order: dim by dim where the ranks agree (-1 unspecified, else against the config),
+    // then any other negative dim is invalid.
+    let item = if schema.batching() { &t.shape[1..] } else { &t.shape[..] };
+    let same_rank = item.len() == spec.dims.len();
+    let first_bad = item.iter().zip(&spec.dims).find(|&(&d, &want)| d == -1 || (want != -1 && d != want));
+    if same_rank && first_bad.is_some_and(|(&d, _)| d == -1) {
         return Err(Error::invalid(format!(
             "All input dimensions should be specified for input '{}' for model '{model}', got {}",
             t.name,
             shape_string(&t.shape)
         )));
     }
-    let item = if schema.batching() { &t.shape[1..] } else { &t.shape[..] };
-    let fits = item.len() == spec.dims.len() && item.iter().zip(&spec.dims).all(|(&d, &want)| want == -1 || d == want);
+    let fits = same_rank && first_bad.is_none();
     if !fits {
         let note = if schema.batching() {
-            " NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be \
-             prepended to each input shape."
+            "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension to be \
+             prepended to each input shape. If you want to specify the full shape including the batch dim in your \
+             input dims config, try setting max_batch_size to zero. See the model configuration docs for more info \
+             on max_batch_size."
         } else {
             ""
         };
         return Err(Error::invalid(format!(
-            "unexpected shape for input '{}' for model '{model}'. Expected {}, got {}.{note}",
+            "unexpected shape for input '{}' for model '{model}'. Expected {}, got {}. {note}",
             t.name,
             shape_string(&schema.client_shape(spec)),
+            shape_string(&t.shape)
+        )));
+    }
+    if t.shape.iter().any(|&d| d < 0) {
+        return Err(Error::invalid(format!(
+            "tensor '{}' contains an invalid dimension {}",
+            t.name,
             shape_string(&t.shape)
         )));
     }
@@ -275,11 +286,17 @@ fn check_byte_size(model: &str, t: &InputTensor, utf8: bool) -> Result<()> {
         None => {
             let got = count_bytes_elements(&t.data)
                 .map_err(|e| e.context(format!("input '{}' for model '{model}'", t.name)))?;
-            if got != count {
+            if got < count {
                 return Err(Error::invalid(format!(
-                    "input '{}' for model '{model}' holds {got} BYTES elements but its shape {} needs {count}",
-                    t.name,
-                    shape_string(&t.shape)
+                    "expected {count} string elements for inference input '{}' for model '{model}', got {got}",
+                    t.name
+                )));
+            }
+            if got > count {
+                return Err(Error::invalid(format!(
+                    "unexpected number of string elements {got} for inference input '{}' for model '{model}', \
+                     expecting {count}",
+                    t.name
                 )));
             }
             if utf8

@@ -331,12 +331,31 @@ async fn infer_inner(
     let body = read_request(s, headers, body).await?;
     let header_len = match header_str(headers, "inference-header-content-length") {
         None => None,
-        Some(v) => Some(v.trim().parse::<usize>().map_err(|_| {
-            Error::invalid(format!("Inference-Header-Content-Length must be a non-negative integer, got '{v}'"))
-        })?),
+        Some(v) => Some(header_length(v, body.len())?),
     };
     let encoded = infer_body(s, &model, version, body, header_len, headers).await?;
     reply(encoded, header_str(headers, "accept-encoding"))
+}
+
+/// `Inference-Header-Content-Length` as Triton reads it: a 32-bit integer (leading spaces, a
+/// sign and trailing text allowed), from 0 (a raw binary body) up to the body's size.
+fn header_length(v: &str, body_len: usize) -> Result<usize, Error> {
+    let t = v.trim_start();
+    let sign = usize::from(t.starts_with(['+', '-']));
+    let digits = t[sign..].bytes().take_while(u8::is_ascii_digit).count();
+    if digits == 0 {
+        return Err(Error::invalid(format!("Unable to parse Inference-Header-Content-Length, got: {v}")));
+    }
+    let n: i32 = t[..sign + digits].parse().map_err(|_| {
+        Error::invalid(format!(
+            "Unable to parse Inference-Header-Content-Length, value is out of range [ -2147483648, 2147483647 ], \
+             got: {v}"
+        ))
+    })?;
+    match usize::try_from(n) {
+        Ok(n) if n <= body_len => Ok(n),
+        _ => Err(Error::invalid(format!("inference header size should be in range (0, {body_len}), got: {n}"))),
+    }
 }
 
 /// The KServe v2 HTTP reply: binary outputs after the JSON header, named by
@@ -357,4 +376,21 @@ pub fn reply(encoded: codec::Encoded, accept_encoding: Option<&str>) -> Result<R
         builder = builder.header(header::CONTENT_ENCODING, coding.name());
     }
     builder.body(Body::from(body)).map_err(|e| Error::internal(format!("cannot build the reply: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::header_length;
+
+    #[test]
+    fn the_header_length_is_read_as_tritons() {
+        assert_eq!(header_length("12", 20).unwrap(), 12);
+        assert_eq!(header_length(" +12abc", 20).unwrap(), 12);
+        assert_eq!(header_length("0", 20).unwrap(), 0);
+        let err = |v: &str| header_length(v, 20).unwrap_err().message().to_string();
+        assert_eq!(err("x"), "Unable to parse Inference-Header-Content-Length, got: x");
+        assert!(err("99999999999").contains("value is out of range [ -2147483648, 2147483647 ], got: 99999999999"));
+        assert_eq!(err("-3"), "inference header size should be in range (0, 20), got: -3");
+        assert_eq!(err("21"), "inference header size should be in range (0, 20), got: 21");
+    }
 }

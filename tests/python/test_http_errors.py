@@ -79,7 +79,31 @@ def test_batch_too_large(server):
 
 def test_data_count_mismatch(server):
     status, msg = error_of(server, "POST", "/v2/models/simple/infer", with_input(data=[1, 2, 3]))
-    assert status == 400 and "'data' holds 3 elements but shape [1, 16] needs 16" in msg
+    assert (status, msg) == (400, "Failed to parse 'data' field: shape does not match true shape")
+    status, msg = error_of(server, "POST", "/v2/models/simple/infer", with_input(data=list(range(17))))
+    assert (status, msg) == (400, "Unable to parse 'data': Shape does not match true shape of 'data' field")
+
+
+def test_negative_dims_in_tritons_words(server):
+    status, msg = error_of(server, "POST", "/v2/models/simple/infer", with_input(shape=[2, -5]))
+    assert (status, msg) == (400, "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as "
+                                  "unsigned-integer")
+    import tritonclient.grpc as grpcclient
+    from tritonclient.utils import InferenceServerException
+    client = server.grpc_client()
+    for shape, why in [([1, -1], "All input dimensions should be specified for input 'INPUT0' for model "
+                                 "'identity_fp32', got [1,-1]"),
+                       ([1, -5], "tensor 'INPUT0' contains an invalid dimension [1,-5]"),
+                       ([1, 2, 3], "unexpected shape for input 'INPUT0' for model 'identity_fp32'. Expected "
+                                   "[-1,-1], got [1,2,3]. NOTE: Setting a non-zero max_batch_size in the model "
+                                   "config requires a batch dimension to be prepended to each input shape. If you "
+                                   "want to specify the full shape including the batch dim in your input dims "
+                                   "config, try setting max_batch_size to zero.")]:
+        x = grpcclient.InferInput("INPUT0", shape, "FP32")
+        x._get_tensor().contents.fp32_contents[:] = [1.0]
+        with pytest.raises(InferenceServerException) as err:
+            client.infer("identity_fp32", [x])
+        assert why in err.value.message(), err.value.message()
 
 
 def test_malformed_json(server):
@@ -95,7 +119,9 @@ def test_binary_header_past_the_body(server):
     body = header + bytes(64)
     status, msg = error_of(server, "POST", "/v2/models/simple/infer", body,
                            {"Inference-Header-Content-Length": str(len(body) + 10)})
-    assert status == 400 and "Inference-Header-Content-Length" in msg
+    assert (status, msg) == (400, f"inference header size should be in range (0, {len(body)}), got: {len(body) + 10}")
+    status, msg = error_of(server, "POST", "/v2/models/simple/infer", body, {"Inference-Header-Content-Length": "x"})
+    assert (status, msg) == (400, "Unable to parse Inference-Header-Content-Length, got: x")
     status, msg = error_of(server, "POST", "/v2/models/simple/infer", body, {"Inference-Header-Content-Length": str(len(header))})
     assert status == 400 and "unexpected size for input 'INPUT1', expecting 64 additional bytes" in msg
 

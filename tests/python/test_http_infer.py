@@ -174,7 +174,16 @@ def test_raw_binary_request(server):
     np.testing.assert_array_equal(np.frombuffer(body[n:], dtype=np.float32), arr)
     conn.request("POST", "/v2/models/simple/infer", body=bytes(64), headers={"Inference-Header-Content-Length": "0"})
     resp = conn.getresponse()
-    assert resp.status == 400 and "exactly one input" in json.loads(resp.read())["error"]
+    assert resp.status == 400 and ("Raw request must only have 1 input (found 1) to be deduced but got 2 inputs in "
+                                   "'simple' model configuration") in json.loads(resp.read())["error"]
+    conn.request("POST", "/v2/models/identity_bytes/infer", body=b"abc", headers={"Inference-Header-Content-Length": "0"})
+    resp = conn.getresponse()
+    assert resp.status == 400 and ("For BYTE datatype raw input 'INPUT0', the model must have input shape [1]"
+                                   in json.loads(resp.read())["error"])
+    # A body that is not whole elements fails the byte-size check, as Triton's.
+    conn.request("POST", "/v2/models/identity_fp32/infer", body=bytes(6), headers={"Inference-Header-Content-Length": "0"})
+    resp = conn.getresponse()
+    assert resp.status == 400 and "input byte size mismatch for input 'INPUT0'" in json.loads(resp.read())["error"]
 
 
 def test_default_model_filename(fresh_repo):

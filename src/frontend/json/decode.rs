@@ -86,7 +86,7 @@ pub fn decode(
     let json_len = header_len.unwrap_or(body.len());
     if json_len > body.len() {
         return Err(Error::invalid(format!(
-            "Inference-Header-Content-Length is {json_len} but the body has only {} bytes",
+            "inference header size should be in range (0, {}), got: {json_len}",
             body.len()
         )));
     }
@@ -103,10 +103,7 @@ pub fn decode(
     };
     let inputs = header.inputs.into_iter().map(|i| input(model, i, &mut binary, shm)).collect::<Result<Vec<_>>>()?;
     if !binary.is_empty() {
-        return Err(Error::invalid(format!(
-            "unexpected additional input data for model '{model}': {} bytes follow the last binary input",
-            binary.len()
-        )));
+        return Err(Error::invalid(format!("unexpected additional input data for model '{model}'")));
     }
     let (outputs, listed) = outputs(header.outputs.unwrap_or_default())?;
     let request = InferRequest {
@@ -126,6 +123,11 @@ fn input(model: &str, i: InputHeader<'_>, binary: &mut Bytes, shm: &SharedMemory
     let datatype = DataType::from_wire(&i.datatype).ok_or_else(|| {
         Error::invalid(format!("input '{}' has an invalid datatype '{}' for model '{model}'", i.name, i.datatype))
     })?;
+    if i.shape.iter().any(|&d| d < 0) {
+        return Err(Error::invalid(
+            "Unable to parse 'shape': attempt to access JSON non-unsigned-integer as unsigned-integer",
+        ));
+    }
     let params = i.parameters.unwrap_or_default();
     let binary_size = match params.get("binary_data_size") {
         None => None,
@@ -162,9 +164,9 @@ fn input(model: &str, i: InputHeader<'_>, binary: &mut Bytes, shm: &SharedMemory
         (Some(n), _) => {
             if n > binary.len() {
                 return Err(Error::invalid(format!(
-                    "unexpected size for input '{}', expecting {n} additional bytes for model '{model}' but only {} remain",
+                    "unexpected size for input '{}', expecting {} additional bytes for model '{model}'",
                     i.name,
-                    binary.len()
+                    n - binary.len()
                 )));
             }
             binary.split_to(n)
@@ -182,12 +184,15 @@ fn json_data(model: &str, name: &str, shape: &[i64], datatype: DataType, raw: &s
     let mut out = Vec::with_capacity(expected.unwrap_or(0).min(raw.len()) * datatype.size().unwrap_or(8));
     let count = data::decode(raw, datatype, &mut out)
         .map_err(|e| Error::invalid(format!("unable to parse 'data' of input '{name}' for model '{model}': {e}")))?;
-    if let Some(expected) = expected
-        && expected != count
-    {
-        return Err(Error::invalid(format!(
-            "input '{name}' for model '{model}': 'data' holds {count} elements but shape {shape:?} needs {expected}"
-        )));
+    // Triton's two texts: too few elements, too many.
+    match expected {
+        Some(expected) if count < expected => {
+            return Err(Error::invalid("Failed to parse 'data' field: shape does not match true shape"));
+        }
+        Some(expected) if count > expected => {
+            return Err(Error::invalid("Unable to parse 'data': Shape does not match true shape of 'data' field"));
+        }
+        _ => {}
     }
     Ok(Bytes::from(out))
 }
@@ -294,9 +299,11 @@ pub fn decode_raw(
     batching: bool,
     body: Bytes,
 ) -> Result<(InferRequest, OutputFormat)> {
+    // Triton's words and order: one input, at most one variable dim, BYTES of one element.
     let [input] = inputs else {
         return Err(Error::invalid(format!(
-            "a raw binary request needs a model with exactly one input; '{model}' has {}",
+            "[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be deduced but got {} inputs \
+             in '{model}' model configuration",
             inputs.len()
         )));
     };
@@ -304,38 +311,30 @@ pub fn decode_raw(
     if batching {
         shape[0] = 1;
     }
+    if shape.iter().filter(|&&d| d < 0).count() > 1 {
+        return Err(Error::invalid(format!(
+            "[request id: <id_unknown>] The shape of the raw input '{}' can not be deduced because there are more \
+             than one variable-sized dimension",
+            input.name
+        )));
+    }
     let data = if input.datatype == DataType::Bytes {
         if element_count(&shape) != Some(1) {
             return Err(Error::invalid(format!(
-                "a raw binary request for BYTES input '{}' needs a model shape of one element, the model has {:?}",
-                input.name, input.shape
+                "[request id: <id_unknown>] For BYTE datatype raw input '{}', the model must have input shape [1]",
+                input.name
             )));
         }
         let mut data = Vec::with_capacity(body.len() + 4);
         crate::tensor::push_bytes_element(&mut data, &body);
         Bytes::from(data)
     } else {
+        // The variable dim takes what the body holds, rounded down: a body of another size then
+        // fails the byte-size check, as in Triton.
         let size = input.datatype.size().unwrap_or(1);
-        let variable = shape.iter().filter(|&&d| d < 0).count();
         let known: usize = shape.iter().filter(|&&d| d >= 0).map(|&d| d as usize).product::<usize>() * size;
-        if variable > 1 {
-            return Err(Error::invalid(format!(
-                "a raw binary request cannot size input '{}' with shape {:?}: more than one variable dimension",
-                input.name, input.shape
-            )));
-        }
-        if variable == 1 {
-            if known == 0 || !body.len().is_multiple_of(known) {
-                return Err(Error::invalid(format!(
-                    "raw binary body of {} bytes does not divide into elements of input '{}' (shape {:?})",
-                    body.len(),
-                    input.name,
-                    input.shape
-                )));
-            }
-            let fill = (body.len() / known) as i64;
-            shape.iter_mut().filter(|d| **d < 0).for_each(|d| *d = fill);
-        }
+        let fill = body.len().checked_div(known).unwrap_or(0) as i64;
+        shape.iter_mut().filter(|d| **d < 0).for_each(|d| *d = fill);
         body
     };
     let request = InferRequest {
