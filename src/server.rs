@@ -236,6 +236,9 @@ pub async fn run(
     crate::backend::python::live::sweep_stale();
     crate::backend::python::live::adopt_orphans();
     log_platform(&config, &core.roots);
+    for note in &config.flag_notes {
+        tracing::warn!("tritonserver flag {note}");
+    }
     crate::gpu::log_visible();
     let Core { engine, registry, repository, cache, admission, .. } = &core;
     let (engine, registry, repository, cache, admission) =

@@ -24,6 +24,7 @@ mod restrict;
 mod storage;
 mod tls;
 mod tracing;
+mod triton_flags;
 mod tune;
 
 pub use network::Network;
@@ -70,10 +71,17 @@ impl Invocation {
         I: IntoIterator<Item = T>,
         T: Into<std::ffi::OsString> + Clone,
     {
-        let cli = Cli::try_parse_from(args)?;
+        let args: Vec<std::ffi::OsString> = args.into_iter().map(Into::into).collect();
+        let translated = triton_flags::translate(args).map_err(invalid)?;
+        let cli = Cli::try_parse_from(translated.args)?;
+        let serve = |a: ServeArgs| -> Result<Invocation, clap::Error> {
+            let mut config = Config::resolve(a)?;
+            config.flag_notes = translated.notes.clone();
+            Ok(Invocation::Serve(Box::new(config)))
+        };
         match cli.command {
-            Some(Command::Serve(a)) => Ok(Invocation::Serve(Box::new(Config::resolve(*a)?))),
-            None => Ok(Invocation::Serve(Box::new(Config::resolve(cli.serve)?))),
+            Some(Command::Serve(a)) => serve(*a),
+            None => serve(cli.serve),
             Some(Command::Tune(t)) => {
                 let mut serve: Vec<String> = [
                     "ferry",
@@ -331,6 +339,8 @@ pub struct Config {
     pub http_header_forward: Option<regex::Regex>,
     pub grpc_header_forward: Option<regex::Regex>,
     pub cores: usize,
+    /// tritonserver flags taken but without effect, said once at start-up.
+    pub flag_notes: Vec<String>,
 }
 
 impl Config {
@@ -477,6 +487,7 @@ impl Config {
             http_header_forward: forward_pattern("--http-header-forward-pattern", a.http_header_forward_pattern)?,
             grpc_header_forward: forward_pattern("--grpc-header-forward-pattern", a.grpc_header_forward_pattern)?,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            flag_notes: Vec::new(),
             platform,
         })
     }

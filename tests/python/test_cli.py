@@ -50,3 +50,19 @@ def test_repository_that_does_not_exist():
     s = Server(["--model-repository=/nonexistent/repo"], expect_exit=True)
     assert s.wait_exit() != 0
     assert "model repository '/nonexistent/repo' is not a readable folder" in s.log()
+
+
+def test_a_tritonserver_command_line_runs_unchanged():
+    """Triton's aliases and tuning flags are taken (the ones without effect named at start-up);
+    what ferry cannot mean stops start-up with the reason."""
+    flags = ["--model-store", EXAMPLES, "--pinned-memory-pool-byte-size=268435456", "--log-file", "/tmp/t.log",
+             "--model-load-thread-count=4", "--model-namespacing=false", "--reuse-http-port=true"]
+    with Server(flags) as s:
+        assert s.client().is_model_ready("simple")
+        log = s.log()
+        assert "--pinned-memory-pool-byte-size=268435456: no effect in ferry" in log, log
+        assert "--log-file=/tmp/t.log: no effect in ferry" in log
+    for flag, why in [("--model-namespacing=true", "not supported by ferry yet"),
+                      ("--model-config-name=h100", "reads each model's config.pbtxt")]:
+        s = Server(["--model-repository", EXAMPLES, flag], expect_exit=True)
+        assert s.wait_exit() != 0 and why in s.log(), s.log()
