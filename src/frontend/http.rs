@@ -329,9 +329,9 @@ async fn infer_inner(
     body: Body,
 ) -> Result<Response, Error> {
     let body = read_request(s, headers, body).await?;
-    let header_len = match header_str(headers, "inference-header-content-length") {
+    let header_len = match headers.get("inference-header-content-length") {
         None => None,
-        Some(v) => Some(header_length(v, body.len())?),
+        Some(v) => Some(header_length(&String::from_utf8_lossy(v.as_bytes()), body.len())?),
     };
     let encoded = infer_body(s, &model, version, body, header_len, headers).await?;
     reply(encoded, header_str(headers, "accept-encoding"))

@@ -11,29 +11,30 @@ use axum::{Router, http::StatusCode, response::IntoResponse};
 
 use crate::config::{Category, Restrictions};
 
-/// Which category a KServe v2 HTTP route belongs to (None: not restricted, e.g. metrics).
+/// Which category a KServe v2 HTTP route belongs to (None: not restricted, e.g. metrics),
+/// read segment by segment so that a model's name never decides it.
 pub fn kserve_category(path: &str) -> Option<Category> {
-    let p = path.trim_end_matches('/');
-    Some(if p.starts_with("/v2/health") || p.ends_with("/ready") {
-        Category::Health
-    } else if p.starts_with("/v2/repository") {
-        Category::ModelRepository
-    } else if p.starts_with("/v2/systemsharedmemory") || p.starts_with("/v2/cudasharedmemory") {
-        Category::SharedMemory
-    } else if p.ends_with("/trace/setting") {
-        Category::Trace
-    } else if p.starts_with("/v2/logging") {
-        Category::Logging
-    } else if p.ends_with("/stats") {
-        Category::Statistics
-    } else if p.ends_with("/config") {
-        Category::ModelConfig
-    } else if p.ends_with("/infer") || p.ends_with("/generate") || p.ends_with("/generate_stream") {
-        Category::Inference
-    } else if p == "/v2" || p.starts_with("/v2/models") {
-        Category::Metadata
-    } else {
-        return None;
+    let segments: Vec<&str> = path.trim_end_matches('/').split('/').skip(1).collect();
+    let model_op = |rest: &[&str]| match rest {
+        [] => Category::Metadata,
+        ["ready"] => Category::Health,
+        ["infer" | "generate" | "generate_stream"] => Category::Inference,
+        ["config"] => Category::ModelConfig,
+        ["stats"] => Category::Statistics,
+        ["trace", "setting"] => Category::Trace,
+        _ => Category::Metadata,
+    };
+    Some(match segments.as_slice() {
+        ["v2", "health", ..] => Category::Health,
+        ["v2", "repository", ..] => Category::ModelRepository,
+        ["v2", "systemsharedmemory" | "cudasharedmemory", ..] => Category::SharedMemory,
+        ["v2", "trace", "setting"] => Category::Trace,
+        ["v2", "logging", ..] => Category::Logging,
+        ["v2", "models", "stats"] => Category::Statistics,
+        ["v2", "models", _, "versions", _, rest @ ..] => model_op(rest),
+        ["v2", "models", _, rest @ ..] => model_op(rest),
+        ["v2", ..] => Category::Metadata,
+        _ => return None,
     })
 }
 
@@ -42,7 +43,7 @@ pub fn kserve_category(path: &str) -> Option<Category> {
 pub fn sagemaker_category(path: &str) -> Option<Category> {
     Some(match path {
         "/ping" => Category::Health,
-        "/invocations" => Category::Inference,
+        "/invocations" | "/invocations-response-stream" => Category::Inference,
         "/execution-parameters" => Category::Metadata,
         p if p.starts_with("/models/") && p.ends_with("/invoke") => Category::Inference,
         p if p.starts_with("/models") => Category::ModelRepository,
@@ -151,6 +152,15 @@ mod tests {
         assert_eq!(kserve_category("/v2/systemsharedmemory/region/r/register"), Some(Category::SharedMemory));
         assert_eq!(kserve_category("/v2/models/m/stats"), Some(Category::Statistics));
         assert_eq!(kserve_category("/metrics"), None);
+        // A model's name never picks the category.
+        assert_eq!(kserve_category("/v2/models/ready"), Some(Category::Metadata));
+        assert_eq!(kserve_category("/v2/models/infer"), Some(Category::Metadata));
+        assert_eq!(kserve_category("/v2/models/config/versions/2"), Some(Category::Metadata));
+        assert_eq!(kserve_category("/v2/models/infer/ready"), Some(Category::Health));
+        assert_eq!(kserve_category("/v2/models/ready/versions/1/infer"), Some(Category::Inference));
+        assert_eq!(kserve_category("/v2/models/stats"), Some(Category::Statistics));
+        assert_eq!(kserve_category("/v2/models/m/trace/setting"), Some(Category::Trace));
+        assert_eq!(sagemaker_category("/invocations-response-stream"), Some(Category::Inference));
         assert_eq!(sagemaker_category("/models/a/invoke"), Some(Category::Inference));
         assert_eq!(sagemaker_category("/models"), Some(Category::ModelRepository));
         assert_eq!(

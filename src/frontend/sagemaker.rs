@@ -193,11 +193,12 @@ fn session(
     let Some(crate::proto::inference::model_config::SchedulingChoice::SequenceBatching(sb)) = &config.scheduling_choice
     else {
         return Err(Error::invalid(format!(
-            "model '{model}' keeps no state between requests (it has no sequence_batching): {SESSION_ID} cannot              be used with it"
+            "model '{model}' keeps no state between requests (it has no sequence_batching): {SESSION_ID} cannot be \
+             used with it"
         )));
     };
     if id == "NEW_SESSION" {
-        let n = new_session_id();
+        let n = new_session_id(corrid_bits(sb));
         extra.insert("sequence_id".into(), ParamValue::Uint(n));
         extra.insert("sequence_start".into(), ParamValue::Bool(true));
         let idle = match sb.max_sequence_idle_microseconds {
@@ -219,15 +220,27 @@ fn session(
     Ok(ends.then(|| (CLOSED_SESSION_ID, id.to_string())))
 }
 
-/// A new session id: random, and small enough for an INT32 or UINT32 CORRID control.
-fn new_session_id() -> u64 {
+/// How many bits a session id may have: what the model's CORRID control holds (31 for a
+/// 32-bit one), else 63 (the id never reaches the model).
+fn corrid_bits(sb: &crate::proto::inference::ModelSequenceBatching) -> u32 {
+    use crate::proto::inference::model_sequence_batching::control::Kind;
+    let corrid =
+        sb.control_input.iter().flat_map(|c| &c.control).find(|c| c.kind == Kind::ControlSequenceCorrid as i32);
+    match corrid.and_then(|c| crate::tensor::DataType::from_config(c.data_type)) {
+        Some(crate::tensor::DataType::Int32 | crate::tensor::DataType::Uint32) => 31,
+        _ => 63,
+    }
+}
+
+/// A new session id: random, of at most `bits` bits, never 0.
+fn new_session_id(bits: u32) -> u64 {
     use std::io::Read;
-    let mut random = [0u8; 4];
+    let mut random = [0u8; 8];
     if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut random)).is_err() {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        random = now.subsec_nanos().to_le_bytes();
+        random = (now.as_nanos() as u64).to_le_bytes();
     }
-    u64::from(u32::from_le_bytes(random) & 0x7fff_ffff).max(1)
+    (u64::from_le_bytes(random) & ((1u64 << bits) - 1)).max(1)
 }
 
 /// `/invocations`, as SAGEMAKER_TRITON_INFERENCE_TYPE says: KServe v2 infer (and Vertex-style
@@ -257,13 +270,13 @@ async fn invocations_stream(State(s): State<Arc<SageMakerState>>, headers: Heade
 
 async fn generated(s: &SageMakerState, model: &str, headers: &HeaderMap, body: Body) -> Result<Response, Error> {
     let body = read_request(&s.http, headers, body).await?;
-    let stream = generate::start_with(&s.http, model, None, &body, custom_attributes(headers)).await?;
+    let stream = generate::start_with(&s.http, model, None, body, custom_attributes(headers)).await?;
     Ok(generate::one_reply(stream).await)
 }
 
 async fn streamed(s: &SageMakerState, model: &str, headers: &HeaderMap, body: Body) -> Result<Response, Error> {
     let body = read_request(&s.http, headers, body).await?;
-    let stream = generate::start_with(&s.http, model, None, &body, custom_attributes(headers)).await?;
+    let stream = generate::start_with(&s.http, model, None, body, custom_attributes(headers)).await?;
     Ok(generate::sse(stream).await)
 }
 

@@ -73,7 +73,7 @@ async fn predict_inner(s: &VertexState, headers: &HeaderMap, body: Body) -> Resu
     if s.http.engine.decoupled(&model, None) {
         // streamRawPredict: a decoupled model's responses as server-sent events, its inputs the
         // body's keys (the generate extension's body).
-        let stream = super::generate::start_with(&s.http, &model, None, &body, Default::default()).await?;
+        let stream = super::generate::start_with(&s.http, &model, None, body, Default::default()).await?;
         return Ok(super::generate::sse(stream).await);
     }
     let header_len = match platform::json_header_size(header_str(headers, "content-type"), BINARY_CONTENT_TYPE)? {

@@ -55,7 +55,15 @@ fn longest<'a, T>(entries: &'a std::collections::BTreeMap<String, T>, url: &str)
 
 impl CloudCredentials {
     pub fn parse(text: &str) -> Result<CloudCredentials, String> {
-        serde_json::from_str(text).map_err(|e| format!("not a credential file as Triton reads it: {e}"))
+        // serde's words may quote a value, which may be a secret: only where, and what kind.
+        serde_json::from_str(text).map_err(|e| {
+            format!(
+                "not a credential file as Triton reads it ({:?} error at line {}, column {})",
+                e.classify(),
+                e.line(),
+                e.column()
+            )
+        })
     }
 
     /// Reads the file (at most 1 MiB); errors name the file, never a key.
@@ -99,6 +107,12 @@ mod tests {
         "as://Account-MI/Container": {"account_str": "Account-MI", "auth_type": "managed_identity", "client_id": "cid"}
       }
     }"#;
+
+    #[test]
+    fn a_malformed_file_is_refused_without_quoting_it() {
+        let e = CloudCredentials::parse(r#"{"s3": {"": "AKIASECRETVALUE"}}"#).err().unwrap();
+        assert!(!e.contains("AKIASECRETVALUE") && e.contains("line 1"), "{e}");
+    }
 
     #[test]
     fn the_longest_matching_name_wins() {

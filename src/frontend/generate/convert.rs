@@ -6,7 +6,8 @@
 use std::fmt;
 
 use bytes::Bytes;
-use serde::de::{self, Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
+use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::value::RawValue;
 
 use crate::{
     engine::TensorMetadata,
@@ -15,68 +16,90 @@ use crate::{
     tensor::{DataType, push_bytes_element},
 };
 
-/// A JSON value whose objects keep their keys in order, repeated ones included.
+/// An object's entries in document order, repeated keys kept; each value is still JSON text,
+/// read only as far as its use needs (a large input is decoded straight into tensor bytes).
+struct Entries(Vec<(String, Box<RawValue>)>);
+
+impl<'de> Deserialize<'de> for Entries {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Entries, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Entries;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Entries, A::Error> {
+                let mut entries = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, Box<RawValue>>()? {
+                    entries.push((k, v));
+                }
+                Ok(Entries(entries))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+/// The entries of a JSON object text; `not_object` when it is valid JSON of another kind.
+fn entries(text: &[u8], not_object: &str) -> Result<Vec<(String, Box<RawValue>)>> {
+    match serde_json::from_slice::<Entries>(text) {
+        Ok(e) => Ok(e.0),
+        Err(_) if serde_json::from_slice::<IgnoredAny>(text).is_ok() => Err(Error::invalid(not_object.to_string())),
+        Err(e) => Err(Error::invalid(format!("failed to parse the request JSON buffer: {e}"))),
+    }
+}
+
+/// A parameter's (or the id's) value: a scalar, or something else (skipped unread).
 #[derive(Debug, Clone, PartialEq)]
-pub enum Node {
-    Null,
+enum Scalar {
     Bool(bool),
     Int(i64),
-    Uint(u64),
-    Float(f64),
+    Double(f64),
     Str(String),
-    Array(Vec<Node>),
-    Object(Vec<(String, Node)>),
+    Other,
 }
 
-impl<'de> Deserialize<'de> for Node {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Node, D::Error> {
-        d.deserialize_any(NodeVisitor)
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Scalar, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_unit<E: de::Error>(self) -> std::result::Result<Scalar, E> {
+                Ok(Scalar::Other)
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<Scalar, E> {
+                Ok(Scalar::Bool(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<Scalar, E> {
+                Ok(Scalar::Int(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<Scalar, E> {
+                Ok(i64::try_from(v).map_or(Scalar::Double(v as f64), Scalar::Int))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<Scalar, E> {
+                Ok(Scalar::Double(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Scalar, E> {
+                Ok(Scalar::Str(v.to_string()))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Scalar, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Scalar::Other)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Scalar, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Scalar::Other)
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
-struct NodeVisitor;
-
-impl<'de> Visitor<'de> for NodeVisitor {
-    type Value = Node;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON value")
-    }
-    fn visit_unit<E: de::Error>(self) -> std::result::Result<Node, E> {
-        Ok(Node::Null)
-    }
-    fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<Node, E> {
-        Ok(Node::Bool(v))
-    }
-    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<Node, E> {
-        Ok(Node::Int(v))
-    }
-    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<Node, E> {
-        Ok(i64::try_from(v).map_or(Node::Uint(v), Node::Int))
-    }
-    fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<Node, E> {
-        Ok(Node::Float(v))
-    }
-    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<Node, E> {
-        Ok(Node::Str(v.to_string()))
-    }
-    fn visit_string<E: de::Error>(self, v: String) -> std::result::Result<Node, E> {
-        Ok(Node::Str(v))
-    }
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Node, A::Error> {
-        let mut items = Vec::new();
-        while let Some(item) = seq.next_element()? {
-            items.push(item);
-        }
-        Ok(Node::Array(items))
-    }
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<Node, A::Error> {
-        let mut entries = Vec::new();
-        while let Some((k, v)) = map.next_entry::<String, Node>()? {
-            entries.push((k, v));
-        }
-        Ok(Node::Object(entries))
-    }
+fn scalar(raw: &RawValue) -> Scalar {
+    serde_json::from_str(raw.get()).unwrap_or(Scalar::Other)
 }
 
 /// What a generate body asks for.
@@ -90,15 +113,11 @@ pub struct Converted {
 /// Reads a generate body against the model's inputs (`inputs`, with the metadata's shapes:
 /// `-1` first for a batching model).
 pub fn convert(body: &[u8], inputs: &[TensorMetadata]) -> Result<Converted> {
-    let doc: Node = serde_json::from_slice(body)
-        .map_err(|e| Error::invalid(format!("failed to parse the request JSON buffer: {e}")))?;
-    let Node::Object(entries) = doc else {
-        return Err(Error::invalid("attempt to get members for non-object"));
-    };
+    let entries = entries(body, "attempt to get members for non-object")?;
     let mut out = Converted::default();
     if let Some((_, id)) = entries.iter().find(|(k, _)| k == "id") {
-        match id {
-            Node::Str(s) => out.id = s.clone(),
+        match scalar(id) {
+            Scalar::Str(s) => out.id = s,
             _ => return Err(Error::invalid("Unable to parse 'id': attempt to access JSON non-string as string")),
         }
     }
@@ -106,18 +125,17 @@ pub fn convert(body: &[u8], inputs: &[TensorMetadata]) -> Result<Converted> {
     Ok(out)
 }
 
-fn walk(entries: &[(String, Node)], inputs: &[TensorMetadata], out: &mut Converted, top: bool) -> Result<()> {
+fn walk(entries: &[(String, Box<RawValue>)], inputs: &[TensorMetadata], out: &mut Converted, top: bool) -> Result<()> {
     for (key, value) in entries {
         if top && key == "parameters" {
             if inputs.iter().any(|i| i.name == "parameters") {
                 return Err(Error::invalid("Keyword 'parameters' for nested schema also given as input tensor name"));
             }
-            let Node::Object(inner) = value else {
-                return Err(Error::invalid(
-                    "Expected JSON object for keyword: 'parameters': attempt to access JSON non-object as object",
-                ));
-            };
-            walk(inner, inputs, out, false).map_err(|e| e.context("Converting keyword: 'parameters'"))?;
+            let inner = self::entries(
+                value.get().as_bytes(),
+                "Expected JSON object for keyword: 'parameters': attempt to access JSON non-object as object",
+            )?;
+            walk(&inner, inputs, out, false).map_err(|e| e.context("Converting keyword: 'parameters'"))?;
         } else if let Some(spec) = inputs.iter().find(|i| &i.name == key) {
             if out.inputs.iter().any(|t| &t.name == key) {
                 let id = if out.id.is_empty() { "<id_unknown>" } else { &out.id };
@@ -131,14 +149,13 @@ fn walk(entries: &[(String, Node)], inputs: &[TensorMetadata], out: &mut Convert
     Ok(())
 }
 
-fn parameter(key: &str, value: &Node) -> Result<ParamValue> {
-    Ok(match value {
-        Node::Str(s) => ParamValue::String(s.clone()),
-        Node::Int(v) => ParamValue::Int(*v),
-        Node::Bool(b) => ParamValue::Bool(*b),
-        Node::Uint(v) => ParamValue::Double(*v as f64),
-        Node::Float(v) => ParamValue::Double(*v),
-        Node::Null | Node::Array(_) | Node::Object(_) => {
+fn parameter(key: &str, value: &RawValue) -> Result<ParamValue> {
+    Ok(match scalar(value) {
+        Scalar::Str(s) => ParamValue::String(s),
+        Scalar::Int(v) => ParamValue::Int(v),
+        Scalar::Bool(b) => ParamValue::Bool(b),
+        Scalar::Double(v) => ParamValue::Double(v),
+        Scalar::Other => {
             return Err(Error::invalid(format!(
                 "parameter '{key}' has invalid type. It should be either 'int', 'bool', or 'string'."
             )));
@@ -146,9 +163,9 @@ fn parameter(key: &str, value: &Node) -> Result<ParamValue> {
     })
 }
 
-/// One input from its JSON value: every leaf an element of the model's datatype, the count
-/// fitted into the model's shape.
-fn tensor(spec: &TensorMetadata, value: &Node) -> Result<InputTensor> {
+/// One input from its JSON value: every leaf an element of the model's datatype, written
+/// straight into the tensor's bytes, the top-level count fitted into the model's shape.
+fn tensor(spec: &TensorMetadata, value: &RawValue) -> Result<InputTensor> {
     let key = &spec.name;
     if matches!(spec.datatype, DataType::Fp16 | DataType::Bf16) {
         return Err(Error::invalid(format!(
@@ -156,33 +173,25 @@ fn tensor(spec: &TensorMetadata, value: &Node) -> Result<InputTensor> {
             spec.datatype.wire()
         )));
     }
-    let count = match value {
-        Node::Array(items) => items.len(),
-        _ => 1,
+    let mut data = Vec::new();
+    let (mut leaves, mut count, mut failed) = (0usize, None, None);
+    let walk = Elements {
+        datatype: spec.datatype,
+        out: &mut data,
+        leaves: &mut leaves,
+        top: Some(&mut count),
+        failed: &mut failed,
     };
-    let mut leaves = Vec::new();
-    flatten(value, &mut leaves);
+    let mut de = serde_json::Deserializer::from_str(value.get());
+    if let Err(e) = walk.deserialize(&mut de) {
+        return Err(Error::invalid(failed.unwrap_or_else(|| format!("Unable to parse 'data': {e}"))));
+    }
+    let count = count.unwrap_or(1);
     if count == 0 {
         return Ok(InputTensor::host(key.clone(), spec.datatype, Vec::new(), Bytes::new()));
     }
-    let mut data = Vec::new();
-    if spec.datatype == DataType::Bytes {
-        for leaf in &leaves {
-            let Node::Str(s) = leaf else {
-                return Err(Error::invalid(
-                    "Unable to parse JSON bytes array: attempt to access JSON non-string as string",
-                ));
-            };
-            push_bytes_element(&mut data, s.as_bytes());
-        }
-    } else {
-        for leaf in &leaves {
-            push_element(spec.datatype, leaf, &mut data)
-                .map_err(|why| Error::invalid(format!("Unable to parse 'data': {why}")))?;
-        }
-    }
     // The shape is fitted to the top-level count; nested leaves must match it.
-    if spec.datatype != DataType::Bytes && leaves.len() != count {
+    if spec.datatype != DataType::Bytes && leaves != count {
         return Err(Error::invalid("Unable to parse 'data': Shape does not match true shape of 'data' field"));
     }
     let shape = fit(&spec.shape, count).ok_or_else(|| {
@@ -191,11 +200,100 @@ fn tensor(spec: &TensorMetadata, value: &Node) -> Result<InputTensor> {
     Ok(InputTensor::host(key.clone(), spec.datatype, shape, Bytes::from(data)))
 }
 
-fn flatten<'a>(node: &'a Node, out: &mut Vec<&'a Node>) {
-    match node {
-        Node::Array(items) => items.iter().for_each(|i| flatten(i, out)),
-        leaf => out.push(leaf),
+/// Walks an input's value depth-first, each leaf one element; `top` takes the top-level array's
+/// length. A leaf of the wrong kind sets `failed` (Triton's words) and stops the walk.
+struct Elements<'a> {
+    datatype: DataType,
+    out: &'a mut Vec<u8>,
+    leaves: &'a mut usize,
+    top: Option<&'a mut Option<usize>>,
+    failed: &'a mut Option<String>,
+}
+
+impl Elements<'_> {
+    fn leaf<E: de::Error>(self, leaf: Leaf<'_>) -> std::result::Result<(), E> {
+        *self.leaves += 1;
+        let done = if self.datatype == DataType::Bytes {
+            match leaf {
+                Leaf::Str(s) => {
+                    push_bytes_element(self.out, s.as_bytes());
+                    Ok(())
+                }
+                _ => Err("Unable to parse JSON bytes array: attempt to access JSON non-string as string".to_string()),
+            }
+        } else {
+            push_element(self.datatype, &leaf, self.out).map_err(|why| format!("Unable to parse 'data': {why}"))
+        };
+        done.map_err(|why| {
+            *self.failed = Some(why);
+            E::custom("")
+        })
     }
+}
+
+impl<'de> DeserializeSeed<'de> for Elements<'_> {
+    type Value = ();
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> std::result::Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Elements<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("elements, or arrays of them")
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<(), A::Error> {
+        let mut n = 0;
+        while seq
+            .next_element_seed(Elements {
+                datatype: self.datatype,
+                out: &mut *self.out,
+                leaves: &mut *self.leaves,
+                top: None,
+                failed: &mut *self.failed,
+            })?
+            .is_some()
+        {
+            n += 1;
+        }
+        if let Some(top) = self.top {
+            *top = Some(n);
+        }
+        Ok(())
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        self.leaf(Leaf::Other)
+    }
+    fn visit_unit<E: de::Error>(self) -> std::result::Result<(), E> {
+        self.leaf(Leaf::Other)
+    }
+    fn visit_bool<E: de::Error>(self, v: bool) -> std::result::Result<(), E> {
+        self.leaf(Leaf::Bool(v))
+    }
+    fn visit_i64<E: de::Error>(self, v: i64) -> std::result::Result<(), E> {
+        self.leaf(Leaf::Int(v))
+    }
+    fn visit_u64<E: de::Error>(self, v: u64) -> std::result::Result<(), E> {
+        self.leaf(i64::try_from(v).map_or(Leaf::Uint(v), Leaf::Int))
+    }
+    fn visit_f64<E: de::Error>(self, v: f64) -> std::result::Result<(), E> {
+        self.leaf(Leaf::Float(v))
+    }
+    fn visit_str<E: de::Error>(self, v: &str) -> std::result::Result<(), E> {
+        self.leaf(Leaf::Str(v))
+    }
+}
+
+/// One leaf of an input's value.
+enum Leaf<'a> {
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Float(f64),
+    Str(&'a str),
+    Other,
 }
 
 /// `count` elements in `shape`: fixed dims divide it (innermost first), then the innermost
@@ -217,25 +315,25 @@ fn fit(shape: &[i64], count: usize) -> Option<Vec<i64>> {
 }
 
 /// One element in the datatype, as Triton's JSON reader takes it (a narrower type is cast).
-fn push_element(datatype: DataType, leaf: &Node, out: &mut Vec<u8>) -> std::result::Result<(), &'static str> {
+fn push_element(datatype: DataType, leaf: &Leaf<'_>, out: &mut Vec<u8>) -> std::result::Result<(), &'static str> {
     let signed = || match leaf {
-        Node::Int(v) => Ok(*v),
+        Leaf::Int(v) => Ok(*v),
         _ => Err("attempt to access JSON non-signed-integer as signed-integer"),
     };
     let unsigned = || match leaf {
-        Node::Int(v) if *v >= 0 => Ok(*v as u64),
-        Node::Uint(v) => Ok(*v),
+        Leaf::Int(v) if *v >= 0 => Ok(*v as u64),
+        Leaf::Uint(v) => Ok(*v),
         _ => Err("attempt to access JSON non-unsigned-integer as unsigned-integer"),
     };
     let double = || match leaf {
-        Node::Int(v) => Ok(*v as f64),
-        Node::Uint(v) => Ok(*v as f64),
-        Node::Float(v) => Ok(*v),
+        Leaf::Int(v) => Ok(*v as f64),
+        Leaf::Uint(v) => Ok(*v as f64),
+        Leaf::Float(v) => Ok(*v),
         _ => Err("attempt to access JSON non-number as double"),
     };
     match datatype {
         DataType::Bool => match leaf {
-            Node::Bool(b) => out.push(u8::from(*b)),
+            Leaf::Bool(b) => out.push(u8::from(*b)),
             _ => return Err("attempt to access JSON non-boolean as boolean"),
         },
         DataType::Int8 => out.extend_from_slice(&(signed()? as i8).to_le_bytes()),

@@ -59,7 +59,7 @@ async fn start(
         return Err(Error::invalid("Unsupported content-encoding, only 'identity' is supported."));
     }
     let body = read_request(s, headers, body).await?;
-    Ok((model.clone(), start_with(s, &model, version, &body, Parameters::new()).await?))
+    Ok((model.clone(), start_with(s, &model, version, body, Parameters::new()).await?))
 }
 
 /// The engine stream of a generate body (see `convert`), with `extra` request parameters.
@@ -67,11 +67,18 @@ pub async fn start_with(
     s: &HttpState,
     model: &str,
     version: Option<u64>,
-    body: &[u8],
+    body: Bytes,
     extra: Parameters,
 ) -> Result<ResponseStream> {
     let meta = s.engine.model_metadata(model, version)?;
-    let mut converted = convert::convert(body, &meta.inputs)?;
+    // A large body takes a while to read: off the async workers, which serve health checks.
+    let mut converted = if body.len() < 64 << 10 {
+        convert::convert(&body, &meta.inputs)?
+    } else {
+        tokio::task::spawn_blocking(move || convert::convert(&body, &meta.inputs))
+            .await
+            .map_err(|e| Error::internal(format!("reading the generate body failed: {e}")))??
+    };
     converted.parameters.extend(extra);
     let request = InferRequest {
         model_name: model.to_string(),
@@ -145,6 +152,12 @@ pub async fn one_reply(mut stream: ResponseStream) -> Response {
     let mut replies = Vec::new();
     while let Some(item) = stream.recv().await {
         let first = status.is_none();
+        if !replies.is_empty() && !matches!(&item, Ok(it) if flag_only(it)) {
+            // A second response: the answer is the error whatever follows; nothing more is
+            // built or held (dropping the stream cancels the request).
+            replies.push(Err(String::new()));
+            break;
+        }
         let reply = match item {
             Ok(it) if flag_only(&it) => {
                 status.get_or_insert(StatusCode::OK);
