@@ -99,7 +99,8 @@ pub(super) fn run(instance: &mut dyn ModelInstance, ctx: &ModelContext, responde
         }
     };
     let mut offset = 0;
-    let mut scattered = vec![0usize; schema.inputs.len()];
+    // Elements of each scatter source before the request (no work for models without one).
+    let mut scattered = if schema.scatter_outputs.is_empty() { Vec::new() } else { vec![0usize; schema.inputs.len()] };
     let replies: Vec<_> = jobs
         .into_iter()
         .map(|job| {

@@ -46,12 +46,7 @@ fn target(params: &[(String, String)]) -> Result<(String, Option<u64>)> {
 
 /// The engine stream of a generate body read from the request. Triton's generate takes the
 /// body as it is: a content encoding other than `identity` is refused.
-async fn start(
-    s: &HttpState,
-    params: &[(String, String)],
-    headers: &HeaderMap,
-    body: Body,
-) -> Result<(String, ResponseStream)> {
+async fn start(s: &HttpState, params: &[(String, String)], headers: &HeaderMap, body: Body) -> Result<ResponseStream> {
     let (model, version) = target(params)?;
     s.engine.model_metadata(&model, version)?;
     let encoding = headers.get(header::CONTENT_ENCODING).map(|v| v.to_str().unwrap_or("?").trim());
@@ -59,7 +54,7 @@ async fn start(
         return Err(Error::invalid("Unsupported content-encoding, only 'identity' is supported."));
     }
     let body = read_request(s, headers, body).await?;
-    Ok((model.clone(), start_with(s, &model, version, body, Parameters::new()).await?))
+    start_with(s, &model, version, body, Parameters::new()).await
 }
 
 /// The engine stream of a generate body (see `convert`), with `extra` request parameters.
@@ -139,8 +134,24 @@ async fn generate(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    match start(&s, &params, &headers, body).await {
-        Ok((_, stream)) => one_reply(stream).await,
+    answer(&s, &params, &headers, body, false).await
+}
+
+/// Each response as a server-sent event (`data: {...}`); an error is an event `{"error": ...}`.
+async fn generate_stream(
+    State(s): AppState,
+    Path(params): Path<Vec<(String, String)>>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    answer(&s, &params, &headers, body, true).await
+}
+
+/// A generate request's answer: one reply, or (`stream`) server-sent events.
+async fn answer(s: &HttpState, params: &[(String, String)], headers: &HeaderMap, body: Body, stream: bool) -> Response {
+    match start(s, params, headers, body).await {
+        Ok(responses) if stream => sse(responses).await,
+        Ok(responses) => one_reply(responses).await,
         Err(e) => error_response(&e),
     }
 }
@@ -185,19 +196,6 @@ pub async fn one_reply(mut stream: ResponseStream) -> Response {
         }),
     };
     (status.unwrap_or(StatusCode::OK), axum::Json(body)).into_response()
-}
-
-/// Each response as a server-sent event (`data: {...}`); an error is an event `{"error": ...}`.
-async fn generate_stream(
-    State(s): AppState,
-    Path(params): Path<Vec<(String, String)>>,
-    headers: HeaderMap,
-    body: Body,
-) -> Response {
-    match start(&s, &params, &headers, body).await {
-        Ok((_, stream)) => sse(stream).await,
-        Err(e) => error_response(&e),
-    }
 }
 
 /// A response stream as server-sent events: `data: {...}` per response, `data: {"error": ...}`
