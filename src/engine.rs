@@ -212,7 +212,7 @@ impl Engine {
                 .collect()
         };
         Ok(ModelMetadata {
-            name: name.to_string(),
+            name: model.name.clone(),
             versions,
             platform: model.platform().to_string(),
             inputs: meta(&schema.inputs),
@@ -261,7 +261,7 @@ impl Engine {
                  model that calls itself?)"
             )));
         }
-        let model = self.registry.resolve(&name, version)?;
+        let model = self.registry.resolve_in(req.context.namespace, &name, version)?;
         if model.config.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled) {
             return Err(Error::unsupported(format!(
                 "model '{name}' is decoupled (0..n responses per request): send its requests on a stream"
@@ -386,7 +386,8 @@ impl Engine {
                     break reply;
                 }
                 Err(back) => {
-                    let next = match self.registry.resolve(&name, requested) {
+                    let root = model.namespace.as_ref().map(|(root, _)| *root);
+                    let next = match self.registry.resolve_in(root, &name, requested) {
                         Ok(next) if Arc::ptr_eq(&next, &model) => {
                             return (model, Err(Error::unavailable(format!("model '{name}' is unloading"))));
                         }

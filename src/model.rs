@@ -242,6 +242,9 @@ pub enum Runner {
 /// the registry calls `retire` when the version leaves service.
 pub struct ModelVersion {
     pub name: String,
+    /// With model namespacing, the repository the model was loaded from: its index among the
+    /// server's repositories, and the repository as given (metrics label it).
+    pub namespace: Option<(usize, Arc<str>)>,
     pub version: u64,
     pub config: Arc<ModelConfig>,
     pub schema: Arc<Schema>,

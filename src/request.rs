@@ -122,12 +122,15 @@ pub struct Context {
     /// The client request's admission ticket: its bytes count against the server's budget for
     /// as long as any part of the request exists (queued, batched or running), whoever holds it.
     pub ticket: Option<Arc<Ticket>>,
+    /// With model namespacing, the repository whose model of the requested name is preferred
+    /// (an ensemble step's: its ensemble's repository).
+    pub namespace: Option<usize>,
 }
 
 impl Context {
     /// The context of a request made on behalf of this one (an ensemble step, a BLS call).
     pub fn nested(&self) -> Context {
-        Context { nesting: self.nesting + 1, ticket: self.ticket.clone() }
+        Context { nesting: self.nesting + 1, ticket: self.ticket.clone(), namespace: None }
     }
 
     /// Counts `bytes` the request makes the server allocate (beyond its own bytes) against the

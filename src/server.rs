@@ -174,7 +174,11 @@ impl Core {
             Arc::new(crate::backend::native::tokenizer::TokenizerBackend),
         ])
         .with_found(move |name| based.based_on(name).map(|b| Arc::new(b) as Arc<dyn crate::backend::Backend>));
-        let registry = Arc::new(Registry::default());
+        let registry = Arc::new(if config.model_namespacing {
+            Registry::namespaced(roots.iter().map(|r| r.trim_end_matches('/').to_string()).collect())
+        } else {
+            Registry::default()
+        });
         let options = LoadOptions {
             auto_complete: config.auto_complete,
             default_max_batch_size: config.default_max_batch_size,
@@ -192,7 +196,8 @@ impl Core {
                 .map(|given| Arc::new(crate::scheduler::rate_limit::RateLimiter::new(given))),
         };
         let loader = Loader::new(backends.clone(), Arc::clone(&registry), options);
-        let sources = Sources::new(&roots, &config.storage.settings, &config.storage.cache_dir)?;
+        let sources = Sources::new(&roots, &config.storage.settings, &config.storage.cache_dir)?
+            .with_namespacing(config.model_namespacing);
         let listing_max_age = Duration::from_secs(config.storage.poll_secs);
         let repository = Arc::new(ModelRepository::new(sources, loader, config.control, listing_max_age));
         let info = ServerInfo {

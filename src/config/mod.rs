@@ -230,11 +230,17 @@ struct ServeArgs {
     /// `none`: load every model at start; `explicit`: load `--load-model` models, then the
     /// repository API loads and unloads; `poll`: load every model, then follow the repositories'
     /// changes every `--repository-poll-secs`.
-    #[arg(long, env = "FERRY_MODEL_CONTROL_MODE", default_value = "none", value_parser = ["none", "explicit", "poll"])]
+    #[arg(long, env = "FERRY_MODEL_CONTROL_MODE", default_value = "none", value_parser = ["none", "explicit", "poll"], ignore_case = true)]
     model_control_mode: String,
     /// Model to load at start in explicit mode (repeatable; `*` = all).
     #[arg(long, env = "FERRY_LOAD_MODEL", value_delimiter = ',')]
     load_model: Vec<String>,
+    /// Each model repository is a namespace (Triton's flag): models of one name in several
+    /// repositories all load; an ensemble's steps prefer its own repository's models; a name
+    /// alone addresses a model while only one repository has it (`<i>::<name>` addresses the
+    /// one of the i-th repository, counting from 0).
+    #[arg(long, env = "FERRY_MODEL_NAMESPACING", default_value = "false", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
+    model_namespacing: bool,
     /// Let clients register system shared memory regions for inputs and outputs.
     #[arg(long, env = "FERRY_ALLOW_CLIENT_SHM", default_value = "false", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
     allow_client_shm: bool,
@@ -308,6 +314,8 @@ pub struct Config {
     pub control: ControlMode,
     /// `--load-model` names (explicit mode).
     pub load_models: Vec<String>,
+    /// `--model-namespacing`: each repository is a namespace.
+    pub model_namespacing: bool,
     pub allow_client_shm: bool,
     pub log_verbose: u32,
     pub log_format: LogFormat,
@@ -356,7 +364,9 @@ impl Config {
         }
     }
 
-    fn resolve(a: ServeArgs) -> Result<Config, clap::Error> {
+    fn resolve(mut a: ServeArgs) -> Result<Config, clap::Error> {
+        // Triton takes the mode in any case (`--model-control-mode=POLL`).
+        a.model_control_mode.make_ascii_lowercase();
         let mut default_max_batch_size = 4;
         let mut python = PythonSettings::default();
         for setting in &a.backend_config {
@@ -449,6 +459,7 @@ impl Config {
             storage,
             cache: a.cache.resolve(&env).map_err(invalid)?,
             load_models: a.load_model,
+            model_namespacing: a.model_namespacing,
             allow_client_shm: a.allow_client_shm,
             log_verbose: platform.log_verbose.unwrap_or(a.log_verbose),
             log_format: match a.log_format.as_str() {
@@ -533,5 +544,15 @@ mod tests {
         for bad in ["--http-max-input-size=0", "--http-max-input-size=-5", "--max-inflight-request-bytes=0"] {
             assert!(Config::from_args(["ferry", bad]).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn model_control_mode_in_any_case_as_triton() {
+        let c = Config::from_args(["ferry", "--model-control-mode=POLL", "--model-namespacing=true"]).unwrap();
+        assert!(matches!(c.control, ControlMode::Poll));
+        assert!(c.model_namespacing);
+        let c = Config::from_args(["ferry", "--model-control-mode", "Explicit"]).unwrap();
+        assert!(matches!(c.control, ControlMode::Explicit));
+        assert!(Config::from_args(["ferry", "--model-control-mode=sometimes"]).is_err());
     }
 }

@@ -73,7 +73,7 @@ pub fn translate(args: Vec<OsString>) -> Result<Translated, String> {
             None => (flag.clone(), None),
         };
         let known = NO_EFFECT.iter().find(|(n, _)| *n == name).map(|(_, why)| *why);
-        let special = matches!(name.as_str(), "allow-sagemaker" | "allow-vertex-ai" | "model-namespacing");
+        let special = matches!(name.as_str(), "allow-sagemaker" | "allow-vertex-ai");
         if known.is_none() && !special && name != "model-config-name" {
             // `--model-store` is tritonserver's older name of `--model-repository`.
             let alias = flag.strip_prefix("model-store").filter(|rest| rest.is_empty() || rest.starts_with('='));
@@ -102,15 +102,6 @@ pub fn translate(args: Vec<OsString>) -> Result<Translated, String> {
                 Some(false) => {}
                 None => return Err(format!("--{name} takes true or false, got '{value}'")),
             },
-            ("model-namespacing", _) => match truthy(&value) {
-                Some(false) => {}
-                Some(true) => {
-                    return Err("--model-namespacing=true is not supported by ferry yet: give each model one name \
-                                across the repositories"
-                        .into());
-                }
-                None => return Err(format!("--model-namespacing takes true or false, got '{value}'")),
-            },
             _ => {
                 return Err(format!(
                     "--model-config-name={value} is not supported by ferry: it reads each model's config.pbtxt"
@@ -138,12 +129,15 @@ mod tests {
             "0",
             "--log-file=/tmp/x",
             "--allow-sagemaker=true",
-            "--model-namespacing=false",
+            "--model-namespacing=true",
             "--http-port=9000",
         ])
         .unwrap();
         let args: Vec<&str> = t.args.iter().map(|a| a.to_str().unwrap()).collect();
-        assert_eq!(args, ["ferry", "--model-repository=/models", "--mode=sagemaker", "--http-port=9000"]);
+        assert_eq!(
+            args,
+            ["ferry", "--model-repository=/models", "--mode=sagemaker", "--model-namespacing=true", "--http-port=9000"]
+        );
         assert_eq!(t.notes.len(), 2);
         assert!(t.notes[0].starts_with("--pinned-memory-pool-byte-size=0: no effect in ferry"), "{:?}", t.notes);
         let spaced = run(&["ferry", "--model-store", "/m"]).unwrap();
@@ -155,7 +149,6 @@ mod tests {
 
     #[test]
     fn what_ferry_cannot_mean_stops_start_up() {
-        assert!(run(&["ferry", "--model-namespacing=true"]).unwrap_err().contains("not supported"));
         assert!(run(&["ferry", "--model-config-name", "h100"]).unwrap_err().contains("config.pbtxt"));
         assert!(run(&["ferry", "--allow-vertex-ai=maybe"]).unwrap_err().contains("true or false"));
     }

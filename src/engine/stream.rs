@@ -30,7 +30,7 @@ impl Engine {
     /// Runs a request whose responses stream.
     pub async fn infer_stream(&self, req: InferRequest) -> Result<ResponseStream> {
         let (out, rx) = mpsc::channel(AHEAD);
-        let model = self.registry().resolve(&req.model_name, req.model_version)?;
+        let model = self.registry().resolve_in(req.context.namespace, &req.model_name, req.model_version)?;
         if !is_decoupled(&model.config) {
             let one =
                 self.infer(req).await.map(|response| StreamItem { response, last: true, charge: Charge::default() });

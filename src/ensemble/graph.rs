@@ -109,7 +109,7 @@ mod tests {
             .iter()
             .map(|m| Step { model: m.to_string(), version: None, inputs: vec![], outputs: vec![] })
             .collect();
-        Ensemble { name: name.into(), steps }
+        Ensemble { name: name.into(), steps, namespace: None }
     }
 
     fn serving(list: &[(&str, &[&str])]) -> Vec<(String, Arc<Ensemble>)> {

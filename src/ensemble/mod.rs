@@ -34,11 +34,15 @@ pub struct Step {
 pub struct Ensemble {
     pub name: String,
     pub steps: Vec<Step>,
+    /// With model namespacing, the repository it was loaded from: its steps prefer that
+    /// repository's models (resolved on each request, as models come and go).
+    pub namespace: Option<usize>,
 }
 
 /// What the checks need to know of a composing model: its schema, when it is loaded.
 pub trait Models {
-    fn schema(&self, name: &str, version: Option<u64>) -> Result<Arc<Schema>, String>;
+    /// `namespace`: the repository whose model of that name is preferred (model namespacing).
+    fn schema(&self, namespace: Option<usize>, name: &str, version: Option<u64>) -> Result<Arc<Schema>, String>;
 }
 
 /// A tensor of the ensemble: who writes it and what it holds (full shape, batch dim included).
@@ -64,6 +68,16 @@ impl Ensemble {
     /// The steps of an ensemble config, checked against each other and against the composing
     /// models (which must be loaded). Errors name the ensemble, the step and the tensor.
     pub fn plan(config: &ModelConfig, schema: &Schema, models: &dyn Models) -> Result<Ensemble, String> {
+        Ensemble::plan_in(config, schema, models, None)
+    }
+
+    /// `plan` for an ensemble of repository `namespace` (model namespacing).
+    pub fn plan_in(
+        config: &ModelConfig,
+        schema: &Schema,
+        models: &dyn Models,
+        namespace: Option<usize>,
+    ) -> Result<Ensemble, String> {
         let name = &config.name;
         let Some(SchedulingChoice::EnsembleScheduling(es)) = &config.scheduling_choice else {
             return Err(format!("ensemble '{name}' has no ensemble_scheduling"));
@@ -98,7 +112,7 @@ impl Ensemble {
                 outputs: sorted(&s.output_map),
             });
         }
-        let ensemble = Ensemble { name: name.clone(), steps };
+        let ensemble = Ensemble { name: name.clone(), steps, namespace };
         let known = ensemble.check_dataflow(schema, models)?;
         ensemble.check_outputs(schema, &known)?;
         ensemble.check_acyclic(&known)?;
@@ -126,7 +140,8 @@ impl Ensemble {
         }
         let mut model_schemas = Vec::with_capacity(self.steps.len());
         for (i, step) in self.steps.iter().enumerate() {
-            let m = models.schema(&step.model, step.version).map_err(|e| format!("{}: {e}", self.at(i)))?;
+            let m =
+                models.schema(self.namespace, &step.model, step.version).map_err(|e| format!("{}: {e}", self.at(i)))?;
             if schema.batching() && m.max_batch_size < schema.max_batch_size {
                 return Err(format!(
                     "{}: the ensemble's max_batch_size is {} but the model allows {}",

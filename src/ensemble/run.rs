@@ -68,7 +68,7 @@ pub async fn run(
                     .map(|(o, _)| RequestedOutput { name: o.clone(), ..Default::default() })
                     .collect(),
                 trace_parent: None,
-                context: context.nested(),
+                context: Context { namespace: ensemble.namespace, ..context.nested() },
             };
             let step_span = otel::step_span(span, i, &step.model);
             running.push(async move { (i, engine.infer_step(req).instrument(step_span).await) });

@@ -26,7 +26,7 @@ fn schema(max: usize, inputs: Vec<TensorSpec>, outputs: Vec<TensorSpec>) -> Arc<
 struct Two;
 
 impl Models for Two {
-    fn schema(&self, name: &str, _: Option<u64>) -> Result<Arc<Schema>, String> {
+    fn schema(&self, _: Option<usize>, name: &str, _: Option<u64>) -> Result<Arc<Schema>, String> {
         match name {
             "pre" => {
                 Ok(schema(8, vec![spec("TEXT", DataType::Bytes, &[1])], vec![spec("IDS", DataType::Int64, &[-1])]))

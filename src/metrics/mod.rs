@@ -253,6 +253,9 @@ fn admission_families(f: &mut Families, a: &AdmissionCounts) {
 
 fn labels(m: &ModelVersion) -> Labels {
     let mut l = vec![("model".to_string(), m.name.clone()), ("version".to_string(), m.version.to_string())];
+    if let Some((_, ns)) = &m.namespace {
+        l.push(("namespace".to_string(), ns.to_string()));
+    }
     l.extend(m.config.metric_tags.iter().map(|(k, v)| (format!("_{k}"), v.clone())));
     l
 }

@@ -80,7 +80,19 @@ impl ModelRepository {
         Arc::clone(locks.entry(name.to_string()).or_default())
     }
 
+    /// The model folder of a name, or (namespacing on) of a registry key.
     async fn find(&self, name: &str) -> Result<Found> {
+        let mut all = self.find_all(name).await?;
+        match all.len() {
+            1 => Ok(all.remove(0)),
+            n => Err(Error::invalid(format!(
+                "failed to load '{name}': There are {n} identifiers of model '{name}' in global map, model namespace must be provided to resolve ambiguity."
+            ))),
+        }
+    }
+
+    /// Every model folder of a name (several with namespacing on), or the one of a key.
+    async fn find_all(&self, name: &str) -> Result<Vec<Found>> {
         let (found, duplicates) = self.sources.scan().await.map_err(|e| {
             tracing::error!(model = name, error = %e, "cannot list the model repositories");
             Error::unavailable(format!(
@@ -90,44 +102,70 @@ impl ModelRepository {
         if let Some((_, reason)) = duplicates.iter().find(|(n, _)| n == name) {
             return Err(Error::invalid(format!("failed to load '{name}': {reason}")));
         }
-        found.into_iter().find(|f| f.name == name).ok_or_else(|| {
-            Error::invalid(format!(
+        let exact: Vec<Found> = found.iter().filter(|f| f.key == name).cloned().collect();
+        let all = if exact.is_empty() { found.into_iter().filter(|f| f.name == name).collect() } else { exact };
+        if all.is_empty() {
+            return Err(Error::invalid(format!(
                 "failed to load '{name}': no model folder named '{name}' in the model repositories ({})",
                 self.sources.describe().join(", ")
-            ))
-        })
+            )));
+        }
+        Ok(all)
     }
 
     /// Downloads (when remote) and loads what a plan says; the versions serving now keep serving
     /// if anything fails. An ensemble's composing models that do not serve yet load first.
-    async fn load_plan(&self, name: &str, plan: &Plan) -> Result<()> {
-        let dir = self.stage(name, plan).await?;
-        self.load_dependencies(name, &dir, None, &[]).await?;
-        self.load_staged(name, &dir, None).await
+    async fn load_plan(&self, found: &Found, plan: &Plan) -> Result<()> {
+        let dir = self.stage(found, plan).await?;
+        self.load_dependencies(&found.key, &dir, None, &[]).await?;
+        self.load_staged(found, &dir, None).await
     }
 
     /// Loads a staged folder; once it serves, older staging copies of the model go.
     pub(super) async fn load_staged(
         &self,
-        name: &str,
+        found: &Found,
         dir: &Path,
         config: Option<crate::proto::inference::ModelConfig>,
     ) -> Result<()> {
-        self.loader.load(name, dir, config).await?;
-        self.sources.collect_garbage(name, dir).await;
+        self.loader.load(&found.key, dir, config).await?;
+        self.sources.collect_garbage(&found.name, dir).await;
         Ok(())
     }
 
     /// The local folder of a plan (downloaded when remote).
-    pub(super) async fn stage(&self, name: &str, plan: &Plan) -> Result<std::path::PathBuf> {
+    pub(super) async fn stage(&self, found: &Found, plan: &Plan) -> Result<std::path::PathBuf> {
+        let name = &found.name;
         self.sources.fetch(name, plan).await.map_err(|reason| {
             // The full reason names buckets, paths and the server's cloud identity: the log has
             // it; clients (and the index they read) get what happened, not where.
-            tracing::error!(model = name, error = %reason, "model files could not be staged");
+            tracing::error!(model = %found.key, error = %reason, "model files could not be staged");
             let shown = super::storage::public_reason(&reason);
-            self.loader.registry().fail_model(name, &shown);
+            self.loader.registry().fail_model(&found.key, &shown);
             Error::unavailable(format!("failed to load '{name}': {shown}"))
         })
+    }
+
+    /// The model a step of ensemble `ensemble` (a registry key) runs, among the folders found:
+    /// with namespacing, the ensemble's own repository's model of that name, else the one
+    /// other repository's (as Triton links its steps).
+    pub(super) fn step_key(&self, found: &[Found], ensemble: &str, step: &str) -> Result<String> {
+        let registry = self.loader.registry();
+        let Some(root) = registry.root_of(ensemble) else { return Ok(step.to_string()) };
+        let own = super::registry::qualified(root, step);
+        if found.iter().any(|f| f.key == own) {
+            return Ok(own);
+        }
+        let named: Vec<&Found> = found.iter().filter(|f| f.name == step).collect();
+        match named.as_slice() {
+            [] => Ok(own),
+            [one] => Ok(one.key.clone()),
+            many => Err(Error::invalid(format!(
+                "failed to load '{}': its step model '{step}': There are {} identifiers of model '{step}' in global map, model namespace must be provided to resolve ambiguity.",
+                registry.name_of(ensemble),
+                many.len()
+            ))),
+        }
     }
 
     /// Loads the composing models of the ensemble in `dir` that are not serving (explicit mode:
@@ -141,9 +179,16 @@ impl ModelRepository {
         chain: &'a [String],
     ) -> futures_util::future::BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let steps = super::startup::ensemble_steps(dir, config);
+            let mut steps = super::startup::ensemble_steps(dir, config);
             let registry = self.loader.registry();
-            for dep in steps.into_iter().filter(|d| registry.resolve(d, None).is_err()) {
+            if steps.is_empty() {
+                return Ok(());
+            }
+            if self.sources.namespacing() {
+                let (found, _) = self.sources.scan().await.unwrap_or_default();
+                steps = steps.iter().map(|s| self.step_key(&found, name, s)).collect::<Result<_>>()?;
+            }
+            for dep in steps.into_iter().filter(|d| !registry.serves(d)) {
                 if dep == name || chain.contains(&dep) {
                     let cycle: Vec<&str> = chain.iter().map(String::as_str).chain([name, &dep[..]]).collect();
                     return Err(Error::invalid(format!(
@@ -158,16 +203,16 @@ impl ModelRepository {
                         "failed to load '{name}': composing model '{dep}' is busy"
                     )));
                 };
-                if registry.resolve(&dep, None).is_ok() {
+                if registry.serves(&dep) {
                     continue;
                 }
                 let found = self.find(&dep).await.map_err(|e| e.context(format!("ensemble '{name}'")))?;
                 let plan = self.sources.plan(&found, None).await;
-                let dep_dir = self.stage(&dep, &plan).await?;
+                let dep_dir = self.stage(&found, &plan).await?;
                 let mut deeper = chain.to_vec();
                 deeper.push(name.to_string());
                 self.load_dependencies(&dep, &dep_dir, None, &deeper).await?;
-                self.load_staged(&dep, &dep_dir, None).await?;
+                self.load_staged(&found, &dep_dir, None).await?;
             }
             Ok(())
         })
@@ -180,7 +225,7 @@ impl ModelRepository {
             Place::Remote(..) => found.fingerprint().await,
         };
         let seen = Seen { last: found.clone(), fingerprint, loaded: plan.key.clone(), held: plan.held.clone() };
-        self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(found.name.clone(), seen);
+        self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(found.key.clone(), seen);
     }
 
     /// One poll: loads new models, reloads changed ones once their changes settle, unloads
@@ -194,7 +239,7 @@ impl ModelRepository {
             }
         };
         for f in found.iter() {
-            let before = self.seen.lock().unwrap_or_else(|p| p.into_inner()).get(&f.name).cloned();
+            let before = self.seen.lock().unwrap_or_else(|p| p.into_inner()).get(&f.key).cloned();
             let plan = self.sources.plan(f, before.as_ref().map(|s| &s.last)).await;
             let fingerprint = match f.place {
                 Place::Local(_) => plan.key.clone(),
@@ -209,25 +254,25 @@ impl ModelRepository {
                 say_held(&f.name, &plan);
             }
             let loaded = if settled && !unchanged && plan.versions > 0 {
-                let lock = self.lock_for(&f.name);
+                let lock = self.lock_for(&f.key);
                 let _guard = lock.lock().await;
-                tracing::info!(model = %f.name, "poll: loading the model's new or changed files");
-                if let Err(e) = self.load_plan(&f.name, &plan).await {
-                    tracing::error!(model = %f.name, error = %e, "poll: load failed; what served keeps serving");
+                tracing::info!(model = %f.key, "poll: loading the model's new or changed files");
+                if let Err(e) = self.load_plan(f, &plan).await {
+                    tracing::error!(model = %f.key, error = %e, "poll: load failed; what served keeps serving");
                 }
                 plan.key
             } else {
                 before.map(|s| s.loaded).unwrap_or_default()
             };
             let seen = Seen { last: f.clone(), fingerprint, loaded, held: plan.held };
-            self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(f.name.clone(), seen);
+            self.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(f.key.clone(), seen);
         }
         let gone: Vec<String> = self
             .seen
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .keys()
-            .filter(|n| !found.iter().any(|f| &f.name == *n) && !duplicates.iter().any(|(d, _)| d == *n))
+            .filter(|n| !found.iter().any(|f| &f.key == *n) && !duplicates.iter().any(|(d, _)| d == *n))
             .cloned()
             .collect();
         for name in gone {
@@ -274,9 +319,20 @@ impl ModelRepository {
     /// Loads or reloads a model; the versions it replaces serve until the new ones are ready.
     /// A load that fails leaves strict readiness as it was: a model that did not serve before
     /// does not make the server unready.
+    /// With namespacing, a name loads every repository's model of that name (Triton's way).
     pub async fn load(&self, name: &str, req: LoadRequest) -> Result<()> {
         self.check_explicit()?;
         check_name(name)?;
+        if self.sources.namespacing() && req.files.is_empty() {
+            for found in self.find_all(name).await? {
+                self.load_one(&found.key, req.clone()).await?;
+            }
+            return Ok(());
+        }
+        self.load_one(name, req).await
+    }
+
+    async fn load_one(&self, name: &str, req: LoadRequest) -> Result<()> {
         let lock = self.lock_for(name);
         let _guard = lock.lock().await;
         let counted = self.loader.registry().counts_for_readiness(name);
@@ -297,13 +353,13 @@ impl ModelRepository {
         if req.files.is_empty() {
             let found = self.find(name).await?;
             let plan = self.sources.plan(&found, None).await;
-            say_held(name, &plan);
+            say_held(&found.name, &plan);
             if config.is_none() {
-                return self.load_plan(name, &plan).await;
+                return self.load_plan(&found, &plan).await;
             }
-            let dir = self.stage(name, &plan).await?;
-            self.load_dependencies(name, &dir, config.as_ref(), &[]).await?;
-            return self.load_staged(name, &dir, config).await;
+            let dir = self.stage(&found, &plan).await?;
+            self.load_dependencies(&found.key, &dir, config.as_ref(), &[]).await?;
+            return self.load_staged(&found, &dir, config).await;
         }
         if config.is_none() {
             return Err(Error::invalid(format!(
@@ -347,11 +403,14 @@ impl ModelRepository {
     }
 
     /// Unloads whatever the control mode (the SageMaker multi-model API).
+    /// With namespacing, a name unloads every repository's model of that name.
     pub async fn unload_any(&self, name: &str, _unload_dependents: bool) -> Result<()> {
-        let lock = self.lock_for(name);
-        let _guard = lock.lock().await;
-        self.loader.unload(name);
-        self.inline.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
+        for key in self.loader.registry().keys_named(name) {
+            let lock = self.lock_for(&key);
+            let _guard = lock.lock().await;
+            self.loader.unload(&key);
+            self.inline.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
+        }
         Ok(())
     }
 }

@@ -59,21 +59,23 @@ impl Loader {
         &self.registry
     }
 
-    /// Loads or reloads the model in `dir`. `config_override` replaces config.pbtxt (load API).
-    pub async fn load(&self, name: &str, dir: &Path, config_override: Option<ModelConfig>) -> Result<()> {
-        self.load_as(name, dir, config_override, false).await
+    /// Loads or reloads the model in `dir` under its registry key (its name, or with namespacing
+    /// its qualified name). `config_override` replaces config.pbtxt (load API).
+    pub async fn load(&self, key: &str, dir: &Path, config_override: Option<ModelConfig>) -> Result<()> {
+        self.load_as(key, dir, config_override, false).await
     }
 
-    /// `load`, and with `rename` the model serves as `name` whatever its folder and config say
-    /// (SageMaker's multi-model API names models itself).
+    /// `load`, and with `rename` the model serves as its key's name whatever its folder and
+    /// config say (SageMaker's multi-model API names models itself).
     pub async fn load_as(
         &self,
-        name: &str,
+        key: &str,
         dir: &Path,
         config_override: Option<ModelConfig>,
         rename: bool,
     ) -> Result<()> {
         let started = std::time::Instant::now();
+        let name = self.registry.name_of(key);
         let prepared = {
             let (name, dir, backends, options) =
                 (name.to_string(), dir.to_path_buf(), self.backends.clone(), self.options.clone());
@@ -86,24 +88,24 @@ impl Loader {
             Err(reason) => {
                 tracing::error!(model = name, error = %reason, "model failed to load");
                 let reason = shown(&reason, dir, name);
-                self.registry.fail_model(name, &reason);
+                self.registry.fail_model(key, &reason);
                 return Err(Error::invalid(format!("failed to load '{name}': {reason}")));
             }
         };
-        self.registry.mark_loading(name, &prepared.versions);
+        self.registry.mark_loading(key, &prepared.versions);
         let prepared = Arc::new(prepared);
         let mut tasks = Vec::new();
         for &version in &prepared.versions {
-            let (prepared, dir, options, name, registry) = (
+            let (prepared, dir, options, key, registry) = (
                 Arc::clone(&prepared),
                 dir.to_path_buf(),
                 self.options.clone(),
-                name.to_string(),
+                key.to_string(),
                 Arc::clone(&self.registry),
             );
             tasks.push((
                 version,
-                tokio::task::spawn_blocking(move || load_version(&name, &prepared, &dir, version, &registry, &options)),
+                tokio::task::spawn_blocking(move || load_version(&key, &prepared, &dir, version, &registry, &options)),
             ));
         }
         let mut outcomes = BTreeMap::new();
@@ -120,7 +122,7 @@ impl Loader {
             }
             outcomes.insert(version, outcome.map(Arc::new));
         }
-        for old in self.registry.install(name, outcomes) {
+        for old in self.registry.install(key, outcomes) {
             tracing::info!(model = name, version = old.version, "retiring replaced model version");
             old.retire();
         }
@@ -132,10 +134,10 @@ impl Loader {
         }
     }
 
-    /// Takes a model out of service; its versions finish what they admitted.
-    pub fn unload(&self, name: &str) {
-        for old in self.registry.unload(name) {
-            tracing::info!(model = name, version = old.version, "unloading model version");
+    /// Takes a model (by registry key) out of service; its versions finish what they admitted.
+    pub fn unload(&self, key: &str) {
+        for old in self.registry.unload(key) {
+            tracing::info!(model = key, version = old.version, "unloading model version");
             old.retire();
         }
     }
@@ -215,7 +217,7 @@ fn read_labels(dir: &Path, file: &str) -> std::result::Result<Vec<String>, Strin
 }
 
 fn load_version(
-    name: &str,
+    key: &str,
     p: &Prepared,
     dir: &Path,
     version: u64,
@@ -223,8 +225,9 @@ fn load_version(
     options: &LoadOptions,
 ) -> std::result::Result<ModelVersion, String> {
     let Some(backend) = &p.backend else {
-        return load_ensemble(name, p, dir, version, registry, options);
+        return load_ensemble(key, p, dir, version, registry, options);
     };
+    let name = registry.name_of(key);
     let cores = options.cores;
     let path = model_path(dir, version, &p.config);
     if backend.name() == "onnxruntime" && !path.exists() {
@@ -288,6 +291,7 @@ fn load_version(
     let content = cache_content(p, dir, version, options)?;
     Ok(ModelVersion {
         name: name.to_string(),
+        namespace: registry.namespace_of(key),
         version,
         config: Arc::clone(&p.config),
         schema,
@@ -301,7 +305,7 @@ fn load_version(
 
 /// An ensemble version: its steps checked against the composing models loaded now.
 fn load_ensemble(
-    name: &str,
+    key: &str,
     p: &Prepared,
     dir: &Path,
     version: u64,
@@ -309,11 +313,12 @@ fn load_ensemble(
     options: &LoadOptions,
 ) -> std::result::Result<ModelVersion, String> {
     let schema = Arc::new(Schema::from_config(&p.config, p.labels.clone()).map_err(|e| e.to_string())?);
-    let ensemble = Ensemble::plan(&p.config, &schema, registry)?;
+    let ensemble = Ensemble::plan_in(&p.config, &schema, registry, registry.root_of(key))?;
     crate::ensemble::graph::check(&ensemble, &registry.ensembles())?;
     let content = cache_content(p, dir, version, options)?;
     Ok(ModelVersion {
-        name: name.to_string(),
+        name: registry.name_of(key).to_string(),
+        namespace: registry.namespace_of(key),
         version,
         config: Arc::clone(&p.config),
         schema,

@@ -25,14 +25,17 @@ pub mod warmup;
 pub struct Found {
     pub name: String,
     pub dir: PathBuf,
+    /// The index of its repository root.
+    pub root: usize,
 }
 
-/// The model folders of every repository root. A name in two roots is an error for that name
-/// (neither copy loads); folders that hold neither config.pbtxt nor a version are skipped.
-pub fn scan(roots: &[PathBuf]) -> (Vec<Found>, Vec<(String, String)>) {
+/// The model folders of the repository roots given (with their indexes). A name in two roots
+/// is an error for that name (neither copy loads), unless `namespacing`: then each root is its
+/// own namespace. Folders that hold neither config.pbtxt nor a version are skipped.
+pub fn scan(roots: &[(usize, PathBuf)], namespacing: bool) -> (Vec<Found>, Vec<(String, String)>) {
     let mut found: Vec<Found> = Vec::new();
     let mut duplicates: Vec<(String, String)> = Vec::new();
-    for root in roots {
+    for (index, root) in roots {
         let entries = match std::fs::read_dir(root) {
             Ok(e) => e,
             Err(e) => {
@@ -54,18 +57,20 @@ pub fn scan(roots: &[PathBuf]) -> (Vec<Found>, Vec<(String, String)>) {
                 tracing::warn!(folder = %dir.display(), "skipping a folder that is not a model (no config.pbtxt, no version folder)");
                 continue;
             }
-            if let Some(first) = found.iter().position(|f| f.name == name) {
+            if namespacing {
+                found.push(Found { name, dir, root: *index });
+            } else if let Some(first) = found.iter().position(|f| f.name == name) {
                 let other = found.remove(first);
                 duplicates.push((
                     name.clone(),
                     format!("model '{name}' is in two repositories: '{}' and '{}'", other.dir.display(), dir.display()),
                 ));
             } else if !duplicates.iter().any(|(n, _)| *n == name) {
-                found.push(Found { name, dir });
+                found.push(Found { name, dir, root: *index });
             }
         }
     }
-    found.sort_by(|a, b| a.name.cmp(&b.name));
+    found.sort_by(|a, b| (&a.name, a.root).cmp(&(&b.name, b.root)));
     (found, duplicates)
 }
 
@@ -127,11 +132,17 @@ mod tests {
         std::fs::create_dir_all(a.path().join("notes")).unwrap();
         std::fs::create_dir_all(a.path().join("m1").join("01")).unwrap();
         std::fs::create_dir_all(a.path().join("m1").join("x")).unwrap();
-        let (found, dups) = scan(&[a.path().to_path_buf(), b.path().to_path_buf()]);
+        let roots = [(0, a.path().to_path_buf()), (1, b.path().to_path_buf())];
+        let (found, dups) = scan(&roots, false);
         let names: Vec<&str> = found.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(names, vec!["m1", "m2"]);
         assert_eq!(dups.len(), 1);
         assert!(dups[0].1.contains("two repositories"));
+        // With namespacing, both copies are found, each with its root.
+        let (found, dups) = scan(&roots, true);
+        let named: Vec<(&str, usize)> = found.iter().map(|f| (f.name.as_str(), f.root)).collect();
+        assert_eq!(named, vec![("dup", 0), ("dup", 1), ("m1", 0), ("m2", 1)]);
+        assert!(dups.is_empty());
         assert_eq!(version_dirs(&a.path().join("m1")), vec![1]);
     }
 }

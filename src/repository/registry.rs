@@ -58,9 +58,31 @@ struct Entry {
     unloaded: bool,
 }
 
-fn lookup(models: &BTreeMap<String, Entry>, name: &str, version: Option<u64>) -> Result<Arc<ModelVersion>> {
+/// With model namespacing (`--model-namespacing`), a model registers as `<root>::<name>`, `root`
+/// the index of its repository; a name alone addresses it while no other repository's model has
+/// that name.
+pub fn qualified(root: usize, name: &str) -> String {
+    format!("{root}::{name}")
+}
+
+/// The repository index and the name of a qualified key; None: `key` is not one.
+pub fn split_qualified(key: &str) -> Option<(usize, &str)> {
+    let (root, name) = key.split_once("::")?;
+    let digits = !root.is_empty() && root.len() <= 6 && root.bytes().all(|b| b.is_ascii_digit());
+    if !digits || name.is_empty() {
+        return None;
+    }
+    Some((root.parse().ok()?, name))
+}
+
+/// `name` (under `key`) in `models`.
+fn lookup(
+    models: &BTreeMap<String, Entry>,
+    (key, name): (&str, &str),
+    version: Option<u64>,
+) -> Result<Arc<ModelVersion>> {
     let unknown = || Error::not_found(format!("Request for unknown model: '{name}' is not found"));
-    let entry = models.get(name).ok_or_else(unknown)?;
+    let entry = models.get(key).ok_or_else(unknown)?;
     match version {
         Some(v) => {
             let slot = entry.versions.get(&v).ok_or_else(|| {
@@ -79,14 +101,46 @@ fn lookup(models: &BTreeMap<String, Entry>, name: &str, version: Option<u64>) ->
     }
 }
 
+/// The key a name addresses with namespacing on: a qualified key the registry knows is itself;
+/// the model of that name in repository `from` (an ensemble step's own), while it is there;
+/// otherwise the one model of that name serving or meant to, else the one of that name at all.
+/// Several: Triton's ambiguity error.
+fn key_for<'a>(models: &'a BTreeMap<String, Entry>, from: Option<usize>, name: &'a str) -> Result<&'a str> {
+    if let Some((key, _)) = models.get_key_value(name)
+        && split_qualified(name).is_some()
+    {
+        return Ok(key);
+    }
+    if let Some(root) = from
+        && let Some((key, e)) = models.get_key_value(&qualified(root, name))
+        && !e.unloaded
+    {
+        return Ok(key);
+    }
+    let plain = name;
+    let named = || models.iter().filter(move |(k, _)| split_qualified(k).map_or(k.as_str(), |(_, n)| n) == plain);
+    let live: Vec<&str> = named().filter(|(_, e)| !e.unloaded).map(|(k, _)| k.as_str()).take(64).collect();
+    let candidates = if live.is_empty() { named().map(|(k, _)| k.as_str()).take(64).collect() } else { live };
+    match candidates.as_slice() {
+        [] => Ok(name),
+        [one] => Ok(one),
+        many => Err(Error::invalid(format!(
+            "There are {} identifiers of model '{plain}' in global map, model namespace must be provided to resolve ambiguity.",
+            many.len()
+        ))),
+    }
+}
+
 /// Why an ensemble cannot run now: the first of its composing models (nested ensembles
 /// included) that is not ready.
-fn blocked(models: &BTreeMap<String, Entry>, v: &ModelVersion, depth: usize) -> Option<String> {
+fn blocked(models: &BTreeMap<String, Entry>, namespacing: bool, v: &ModelVersion, depth: usize) -> Option<String> {
     let ensemble = v.ensemble()?;
     for step in &ensemble.steps {
-        match lookup(models, &step.model, step.version) {
+        let found =
+            if namespacing { key_for(models, ensemble.namespace, &step.model) } else { Ok(step.model.as_str()) };
+        match found.and_then(|key| lookup(models, (key, &step.model), step.version)) {
             Ok(inner) if depth < 8 => {
-                if let Some(reason) = blocked(models, &inner, depth + 1) {
+                if let Some(reason) = blocked(models, namespacing, &inner, depth + 1) {
                     return Some(reason);
                 }
             }
@@ -103,9 +157,48 @@ pub type VersionOutcome = std::result::Result<Arc<ModelVersion>, String>;
 #[derive(Default)]
 pub struct Registry {
     models: RwLock<BTreeMap<String, Entry>>,
+    /// `--model-namespacing`: keys are qualified by repository (`qualified`).
+    namespacing: bool,
+    /// The repositories (as the server was given them), by index, for namespacing.
+    namespaces: Vec<Arc<str>>,
 }
 
 impl Registry {
+    /// A registry with namespacing on over these repositories (`--model-namespacing`).
+    pub fn namespaced(repositories: Vec<String>) -> Registry {
+        Registry {
+            models: RwLock::default(),
+            namespacing: true,
+            namespaces: repositories.into_iter().map(Into::into).collect(),
+        }
+    }
+
+    /// The repository of a registry key, with namespacing on.
+    pub fn namespace_of(&self, key: &str) -> Option<(usize, Arc<str>)> {
+        self.root_of(key).and_then(|root| Some((root, self.namespaces.get(root).cloned()?)))
+    }
+
+    /// The model name of a registry key.
+    pub fn name_of<'a>(&self, key: &'a str) -> &'a str {
+        match split_qualified(key) {
+            Some((_, name)) if self.namespacing => name,
+            _ => key,
+        }
+    }
+
+    /// The repository index of a registry key (namespacing on).
+    pub fn root_of(&self, key: &str) -> Option<usize> {
+        split_qualified(key).filter(|_| self.namespacing).map(|(root, _)| root)
+    }
+
+    fn key<'a>(&self, models: &'a BTreeMap<String, Entry>, name: &'a str) -> Result<&'a str> {
+        self.key_from(models, None, name)
+    }
+
+    fn key_from<'a>(&self, models: &'a BTreeMap<String, Entry>, from: Option<usize>, name: &'a str) -> Result<&'a str> {
+        if self.namespacing { key_for(models, from, name) } else { Ok(name) }
+    }
+
     fn read(&self) -> RwLockReadGuard<'_, BTreeMap<String, Entry>> {
         self.models.read().unwrap_or_else(|p| p.into_inner())
     }
@@ -117,9 +210,16 @@ impl Registry {
     /// The version a request should run on: the one asked for, else the highest ready one. An
     /// ensemble is ready only while every model it runs is.
     pub fn resolve(&self, name: &str, version: Option<u64>) -> Result<Arc<ModelVersion>> {
+        self.resolve_in(None, name, version)
+    }
+
+    /// `resolve`, preferring repository `from`'s model of that name (model namespacing: an
+    /// ensemble step's own repository).
+    pub fn resolve_in(&self, from: Option<usize>, name: &str, version: Option<u64>) -> Result<Arc<ModelVersion>> {
         let models = self.read();
-        let found = lookup(&models, name, version)?;
-        match blocked(&models, &found, 0) {
+        let key = self.key_from(&models, from, name)?;
+        let found = lookup(&models, (key, self.name_of(name)), version)?;
+        match blocked(&models, self.namespacing, &found, 0) {
             None => Ok(found),
             Some(reason) => Err(Error::unavailable(format!("ensemble '{name}' is not ready: {reason}"))),
         }
@@ -128,9 +228,14 @@ impl Registry {
     /// Every serving version of one model (ascending), or of all models (by name).
     pub fn serving(&self, name: Option<&str>) -> Vec<Arc<ModelVersion>> {
         let models = self.read();
+        let key = match name.map(|n| self.key(&models, n)) {
+            Some(Err(_)) => return Vec::new(),
+            Some(Ok(k)) => Some(k),
+            None => None,
+        };
         models
             .iter()
-            .filter(|(n, _)| name.is_none_or(|want| want == n.as_str()))
+            .filter(|(n, _)| key.is_none_or(|want| want == n.as_str()))
             .flat_map(|(_, e)| e.versions.values().filter_map(|s| s.serving.clone()))
             .collect()
     }
@@ -138,8 +243,8 @@ impl Registry {
     /// Every serving ensemble version, with its model's name.
     pub fn ensembles(&self) -> Vec<(String, Arc<crate::ensemble::Ensemble>)> {
         let models = self.read();
-        let versions = models.iter().flat_map(|(n, e)| e.versions.values().map(move |s| (n, s)));
-        versions.filter_map(|(n, s)| Some((n.clone(), Arc::clone(s.serving.as_ref()?.ensemble()?)))).collect()
+        let versions = models.iter().flat_map(|(n, e)| e.versions.values().map(move |s| (self.name_of(n), s)));
+        versions.filter_map(|(n, s)| Some((n.to_string(), Arc::clone(s.serving.as_ref()?.ensemble()?)))).collect()
     }
 
     /// Every model the registry knows and that was not unloaded on purpose, by name.
@@ -147,8 +252,24 @@ impl Registry {
         self.read().iter().filter(|(_, e)| !e.unloaded).map(|(n, _)| n.clone()).collect()
     }
 
+    /// Whether the model of this registry key serves some version (no name resolution).
+    pub fn serves(&self, key: &str) -> bool {
+        self.read().get(key).is_some_and(|e| e.versions.values().any(|s| s.serving.is_some()))
+    }
+
+    /// The keys a name stands for in the load API: itself, or with namespacing (a name alone)
+    /// every repository's model of that name.
+    pub fn keys_named(&self, name: &str) -> Vec<String> {
+        if !self.namespacing || split_qualified(name).is_some() {
+            return vec![name.to_string()];
+        }
+        let models = self.read();
+        models.keys().filter(|k| self.name_of(k) == name).cloned().collect()
+    }
+
     pub fn contains(&self, name: &str) -> bool {
-        self.read().contains_key(name)
+        let models = self.read();
+        self.key(&models, name).is_ok_and(|key| models.contains_key(key))
     }
 
     /// Strict readiness: every known version ready (ensembles with their composing models),
@@ -159,7 +280,7 @@ impl Registry {
             e.reason.is_none()
                 && e.versions.values().all(|s| {
                     s.state == Some(State::Ready)
-                        && s.serving.as_ref().is_some_and(|v| blocked(&models, v, 0).is_none())
+                        && s.serving.as_ref().is_some_and(|v| blocked(&models, self.namespacing, v, 0).is_none())
                 })
         })
     }
@@ -167,7 +288,8 @@ impl Registry {
     pub fn index(&self) -> Vec<IndexEntry> {
         let models = self.read();
         let mut out = Vec::new();
-        for (name, e) in models.iter() {
+        for (key, e) in models.iter() {
+            let name = &self.name_of(key).to_string();
             if e.versions.is_empty() {
                 let state = if e.reason.is_some() { State::Unavailable } else { State::Unknown };
                 out.push(IndexEntry {
@@ -178,7 +300,7 @@ impl Registry {
                 });
             }
             for (v, s) in &e.versions {
-                let waiting = s.serving.as_ref().and_then(|m| blocked(&models, m, 0));
+                let waiting = s.serving.as_ref().and_then(|m| blocked(&models, self.namespacing, m, 0));
                 let (state, reason) = match waiting {
                     Some(why) => (State::Unavailable, why),
                     None => (s.state.unwrap_or(State::Unknown), s.reason.clone()),
@@ -313,8 +435,13 @@ impl Registry {
 }
 
 impl crate::ensemble::Models for Registry {
-    fn schema(&self, name: &str, version: Option<u64>) -> std::result::Result<Arc<crate::model::Schema>, String> {
-        self.resolve(name, version)
+    fn schema(
+        &self,
+        namespace: Option<usize>,
+        name: &str,
+        version: Option<u64>,
+    ) -> std::result::Result<Arc<crate::model::Schema>, String> {
+        self.resolve_in(namespace, name, version)
             .map(|m| Arc::clone(&m.schema))
             .map_err(|e| format!("the composing model is not ready ({}); load it before the ensemble", e.message()))
     }

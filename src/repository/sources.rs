@@ -48,6 +48,9 @@ pub enum Place {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Found {
     pub name: String,
+    /// What the registry, the locks and poll mode know the model by: its name, or with model
+    /// namespacing its name qualified by its repository (`registry::qualified`).
+    pub key: String,
     pub place: Place,
 }
 
@@ -107,7 +110,12 @@ fn sweep(models: &Path, objects: &Path, keep: &Path, model: &str) {
         let stale_partial = name
             .rsplit_once(".partial-")
             .is_some_and(|(_, pid)| pid != std::process::id().to_string() && !Path::new("/proc").join(pid).exists());
-        let older = !name.contains(".partial") && p != keep && p.join(model).is_dir();
+        // Another copy of the same model: its folder, staged from the same repository (with
+        // namespacing, a model of that name in another repository is another model).
+        let older = !name.contains(".partial")
+            && p != keep
+            && p.join(model).is_dir()
+            && std::fs::read(p.join(SOURCE)).ok() == std::fs::read(keep.join(SOURCE)).ok();
         if stale_partial || older {
             let _ = std::fs::remove_dir_all(&p);
         }
@@ -127,9 +135,19 @@ fn sweep(models: &Path, objects: &Path, keep: &Path, model: &str) {
     }
 }
 
+/// The file beside a staged model folder that names the repository it came from.
+const SOURCE: &str = ".source";
+
 /// Builds a staging copy under a temporary name, then renames it into place whole.
-fn assemble(partial: &Path, dir: &Path, links: &[(PathBuf, String)], model: &str) -> Result<(), String> {
+fn assemble(
+    partial: &Path,
+    dir: &Path,
+    links: &[(PathBuf, String)],
+    (model, source): (&str, &str),
+) -> Result<(), String> {
     let _ = std::fs::remove_dir_all(partial);
+    std::fs::create_dir_all(partial).map_err(|e| format!("cannot create the staging folder: {e}"))?;
+    std::fs::write(partial.join(SOURCE), source).map_err(|e| format!("cannot create the staging folder: {e}"))?;
     for (from, rel) in links {
         let target = partial.join(rel);
         std::fs::create_dir_all(target.parent().unwrap_or(partial)).map_err(|e| e.to_string())?;
@@ -155,6 +173,8 @@ pub struct Sources {
     downloading: AtomicUsize,
     /// Staging holds it shared; cache clean-up alone.
     gc: tokio::sync::RwLock<()>,
+    /// `--model-namespacing`: each root is a namespace, a name may be in several.
+    namespacing: bool,
 }
 
 /// What a load would load, decided before anything is downloaded.
@@ -225,7 +245,27 @@ impl Sources {
             manifest_cache: Mutex::default(),
             downloading: AtomicUsize::new(0),
             gc: tokio::sync::RwLock::new(()),
+            namespacing: false,
         })
+    }
+
+    /// With model namespacing, each root is its own namespace: a name may be in several.
+    pub fn with_namespacing(mut self, on: bool) -> Sources {
+        self.namespacing = on;
+        self
+    }
+
+    pub fn namespacing(&self) -> bool {
+        self.namespacing
+    }
+
+    fn key(&self, root: usize, name: &str) -> String {
+        if self.namespacing { super::registry::qualified(root, name) } else { name.to_string() }
+    }
+
+    fn local_roots(&self) -> Vec<(usize, PathBuf)> {
+        let local = self.roots.iter().enumerate();
+        local.filter_map(|(i, r)| if let Root::Local(p) = r { Some((i, p.clone())) } else { None }).collect()
     }
 
     pub fn describe(&self) -> Vec<String> {
@@ -237,17 +277,16 @@ impl Sources {
     }
 
     /// Every model folder, listing each remote root once. A name in two roots is an error for
-    /// that name.
+    /// that name, unless namespacing is on.
     pub async fn scan(&self) -> Result<(Vec<Found>, Vec<(String, String)>), String> {
         let mut found: Vec<(Found, String)> = Vec::new();
-        let local: Vec<PathBuf> =
-            self.roots.iter().filter_map(|r| if let Root::Local(p) = r { Some(p.clone()) } else { None }).collect();
+        let (local, namespacing) = (self.local_roots(), self.namespacing);
         // Listing local roots reads the file system: on a blocking thread, as the walks are.
-        let listed = tokio::task::spawn_blocking(move || scan_local(&local)).await;
+        let listed = tokio::task::spawn_blocking(move || scan_local(&local, namespacing)).await;
         let (local_found, mut duplicates) = listed.map_err(|e| format!("cannot list the local repositories: {e}"))?;
-        for LocalFound { name, dir } in local_found {
+        for LocalFound { name, dir, root } in local_found {
             let at = dir.display().to_string();
-            found.push((Found { name, place: Place::Local(dir) }, at));
+            found.push((Found { key: self.key(root, &name), name, place: Place::Local(dir) }, at));
         }
         for (i, root) in self.roots.iter().enumerate() {
             let Root::Remote(..) = root else { continue };
@@ -272,12 +311,15 @@ impl Sources {
             *self.listed_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
             for (name, objects) in by_model {
                 found.push((
-                    Found { name: name.clone(), place: Place::Remote(i, objects) },
+                    Found { key: self.key(i, &name), name: name.clone(), place: Place::Remote(i, objects) },
                     format!("{}/{name}", remote.url()),
                 ));
             }
         }
-        found.sort_by(|a, b| a.0.name.cmp(&b.0.name));
+        found.sort_by(|a, b| a.0.key.cmp(&b.0.key));
+        if self.namespacing {
+            return Ok((found.into_iter().map(|(f, _)| f).collect(), duplicates));
+        }
         let mut out: Vec<Found> = Vec::new();
         for (f, at) in found {
             if duplicates.iter().any(|(n, _)| *n == f.name) {
@@ -309,9 +351,7 @@ impl Sources {
 
     /// Names known without listing again: local folders now, remote ones from the last listing.
     pub fn names_now(&self) -> Vec<String> {
-        let local: Vec<PathBuf> =
-            self.roots.iter().filter_map(|r| if let Root::Local(p) = r { Some(p.clone()) } else { None }).collect();
-        let mut names: Vec<String> = scan_local(&local).0.into_iter().map(|f| f.name).collect();
+        let mut names: Vec<String> = scan_local(&self.local_roots(), true).0.into_iter().map(|f| f.name).collect();
         for objects in self.listings.lock().unwrap_or_else(|p| p.into_inner()).values() {
             names.extend(
                 objects
@@ -488,7 +528,8 @@ impl Sources {
                 objects.iter().map(|o| (store_dir.join(key(o)), o.rel.clone())).collect();
             let (partial, dir, model) =
                 (models_dir.join(format!("{digest}.partial-{}", std::process::id())), dir.clone(), model.to_string());
-            tokio::task::spawn_blocking(move || assemble(&partial, &dir, &links, &model))
+            let source = remote.url().to_string();
+            tokio::task::spawn_blocking(move || assemble(&partial, &dir, &links, (&model, &source)))
                 .await
                 .map_err(|e| format!("staging failed: {e}"))??;
         }
@@ -517,7 +558,8 @@ mod tests {
         for i in 0..5000 {
             std::fs::write(dir.path().join(format!("f{i}")), b"x").unwrap();
         }
-        let found = super::Found { name: "m".into(), place: super::Place::Local(dir.path().to_path_buf()) };
+        let found =
+            super::Found { name: "m".into(), key: "m".into(), place: super::Place::Local(dir.path().to_path_buf()) };
         let ticks = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let counter = {
             let ticks = std::sync::Arc::clone(&ticks);

@@ -54,12 +54,13 @@ impl ModelRepository {
                 self.loader.registry().fail_model(&name, &reason);
                 failures.push(reason);
             }
-            found.iter().map(|f| f.name.clone()).collect()
+            found.iter().map(|f| f.key.clone()).collect()
         } else {
-            for name in load_models.iter().filter(|m| !found.iter().any(|f| &f.name == *m)) {
+            let named = |f: &super::sources::Found, m: &String| &f.name == m || &f.key == m;
+            for name in load_models.iter().filter(|m| !found.iter().any(|f| named(f, m))) {
                 failures.push(format!("--load-model={name}: no model folder named '{name}' in the model repositories"));
             }
-            found.iter().filter(|f| load_models.contains(&f.name)).map(|f| f.name.clone()).collect()
+            found.iter().filter(|f| load_models.iter().any(|m| named(f, m))).map(|f| f.key.clone()).collect()
         };
         for name in &wanted {
             self.loader.registry().expect(name);
@@ -68,14 +69,23 @@ impl ModelRepository {
         let mut staged: BTreeMap<String, PathBuf> = BTreeMap::new();
         let mut deps: BTreeMap<String, Vec<String>> = BTreeMap::new();
         while !wanted.is_empty() {
-            let batch: Vec<_> = found.iter().filter(|f| wanted.contains(&f.name)).cloned().collect();
+            let batch: Vec<_> = found.iter().filter(|f| wanted.contains(&f.key)).cloned().collect();
             wanted.clear();
             for (name, outcome) in self.stage_all(batch).await {
                 match outcome {
                     Ok(dir) => {
-                        let steps = ensemble_steps(&dir, None);
+                        let steps =
+                            ensemble_steps(&dir, None).iter().map(|s| self.step_key(&found, &name, s)).collect();
+                        let steps: Vec<String> = match steps {
+                            Ok(s) => s,
+                            Err(e) => {
+                                self.loader.registry().fail_model(&name, e.message());
+                                failures.push(e.to_string());
+                                continue;
+                            }
+                        };
                         for d in &steps {
-                            if !staged.contains_key(d) && d != &name && found.iter().any(|f| &f.name == d) {
+                            if !staged.contains_key(d) && d != &name && found.iter().any(|f| &f.key == d) {
                                 self.loader.registry().expect(d);
                                 wanted.push(d.clone());
                             }
@@ -105,7 +115,8 @@ impl ModelRepository {
                 }
                 break;
             }
-            failures.extend(self.load_all(now.iter().map(|n| (n.clone(), staged[n].clone())).collect()).await);
+            let batch = found.iter().filter(|f| now.contains(&f.key)).map(|f| (f.clone(), staged[&f.key].clone()));
+            failures.extend(self.load_all(batch.collect()).await);
             tried.extend(now);
             left = later;
         }
@@ -124,8 +135,8 @@ impl ModelRepository {
                 let plan = repo.sources.plan(&f, None).await;
                 say_held(&f.name, &plan);
                 repo.remember(&f, &plan).await;
-                let staged = repo.stage(&f.name, &plan).await.map_err(|e| e.to_string());
-                (f.name, staged)
+                let staged = repo.stage(&f, &plan).await.map_err(|e| e.to_string());
+                (f.key, staged)
             });
         }
         let mut out = Vec::new();
@@ -139,16 +150,16 @@ impl ModelRepository {
     }
 
     /// Loads staged models, four at a time; returns a line per failure.
-    async fn load_all(self: &Arc<Self>, models: Vec<(String, PathBuf)>) -> Vec<String> {
+    async fn load_all(self: &Arc<Self>, models: Vec<(super::sources::Found, PathBuf)>) -> Vec<String> {
         let limit = Arc::new(tokio::sync::Semaphore::new(4));
         let mut tasks = tokio::task::JoinSet::new();
-        for (name, dir) in models {
+        for (found, dir) in models {
             let (repo, limit) = (Arc::clone(self), Arc::clone(&limit));
             tasks.spawn(async move {
                 let _permit = limit.acquire().await;
-                let lock = repo.lock_for(&name);
+                let lock = repo.lock_for(&found.key);
                 let _guard = lock.lock().await;
-                repo.load_staged(&name, &dir, None).await
+                repo.load_staged(&found, &dir, None).await
             });
         }
         let mut failures = Vec::new();

@@ -15,6 +15,16 @@ BINARY = os.environ.get("FERRY_BIN", os.path.join(ROOT, "target", "debug", "ferr
 LISTENING = re.compile(r"(HTTP KServe v2|gRPC KServe v2|Prometheus metrics|Vertex AI|SageMaker) service listening on ([\d.]+):(\d+)")
 
 
+def wait_for(condition, what, timeout=60):
+    """Waits until `condition()` is true (polled; the time taken is never asserted)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if condition():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 class Server:
     """One ferry process. `args` are extra `ferry serve` flags; `env` extra environment."""
 
