@@ -13,6 +13,11 @@
                  image's mean colour and from the colour words of a text; also writes the pipeline's
                  tokenizer.json (needs the `tokenizers` package)
 
+  text_embedding_onnx  input_ids / attention_mask INT64 [16] -> HIDDEN FP32 [16, 8]: a fixed random
+                 embedding table, the encoder of the text_embedding pipeline (ferry_tokenizer, this
+                 model, ferry_postprocess mean pooling; served as OpenAI's /v1/embeddings); also writes
+                 its tokenizer.json
+
 They answer the client examples that ship with tritonclient (simple_http_infer_client.py,
 simple_http_string_infer_client.py and their gRPC twins). The config.pbtxt files are written by hand.
 Usage: python examples/make_examples.py
@@ -113,8 +118,27 @@ def color_match():
         f.write("".join(c + "\n" for c in COLORS))
 
 
+def text_embedding():
+    import shutil
+
+    import numpy as np
+    from onnx import numpy_helper
+    src = os.path.join(HERE, "color_match_text", "1", "tokenizer.json")
+    os.makedirs(os.path.join(HERE, "text_embedding_tokens", "1"), exist_ok=True)
+    shutil.copy(src, os.path.join(HERE, "text_embedding_tokens", "1", "tokenizer.json"))
+    vocab = 2 + len(WORDS)
+    table = np.random.default_rng(7).standard_normal((vocab, 8)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["E", "input_ids"], ["HIDDEN"])]
+    io = helper.make_tensor_value_info
+    inputs = [io("input_ids", TensorProto.INT64, ["batch", 16])]
+    outputs = [io("HIDDEN", TensorProto.FLOAT, ["batch", 16, 8])]
+    graph = helper.make_graph(nodes, "text_embedding_onnx", inputs, outputs, initializer=[numpy_helper.from_array(table, "E")])
+    save(graph, "text_embedding_onnx")
+
+
 if __name__ == "__main__":
     add_sub("simple", TensorProto.INT32)
     add_sub("simple_string", TensorProto.STRING, cast_through=TensorProto.INT32)
     linear("text_classifier_onnx")
     color_match()
+    text_embedding()

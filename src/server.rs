@@ -323,6 +323,7 @@ async fn listeners(
         max_input_size: config.http_max_input_size,
         size_note: config.size_note.clone(),
         forward_headers: config.http_header_forward.clone(),
+        openai_api_key: config.openai_api_key.as_deref().map(Arc::from),
     });
     let rules = &config.http_restricted;
     let kserve_rules = |r: axum::Router| restrict::http(r, rules, Arc::new(restrict::kserve_category));

@@ -259,6 +259,11 @@ struct ServeArgs {
     /// request parameters that models see (tritonserver's flag).
     #[arg(long, env = "FERRY_HTTP_HEADER_FORWARD_PATTERN")]
     http_header_forward_pattern: Option<String>,
+    /// The key the OpenAI API routes (`/v1/...`) ask for as `Authorization: Bearer <key>`
+    /// (unset: they are open, or restricted as the `inference` and `model-repository`
+    /// categories of `--http-restricted-api`).
+    #[arg(long, env = "FERRY_OPENAI_API_KEY", hide_env_values = true)]
+    openai_api_key: Option<String>,
     /// The same for gRPC request metadata.
     #[arg(long, env = "FERRY_GRPC_HEADER_FORWARD_PATTERN")]
     grpc_header_forward_pattern: Option<String>,
@@ -346,6 +351,8 @@ pub struct Config {
     /// Header names forwarded as request parameters (HTTP, gRPC), compiled case-insensitively.
     pub http_header_forward: Option<regex::Regex>,
     pub grpc_header_forward: Option<regex::Regex>,
+    /// --openai-api-key
+    pub openai_api_key: Option<String>,
     pub cores: usize,
     /// tritonserver flags taken but without effect, said once at start-up.
     pub flag_notes: Vec<String>,
@@ -495,6 +502,7 @@ impl Config {
                 .map_err(invalid)?,
             grpc_restricted: Restrictions::parse("grpc-restricted-protocol", "protocol", &a.grpc_restricted_protocol)
                 .map_err(invalid)?,
+            openai_api_key: a.openai_api_key.filter(|k| !k.is_empty()),
             http_header_forward: forward_pattern("--http-header-forward-pattern", a.http_header_forward_pattern)?,
             grpc_header_forward: forward_pattern("--grpc-header-forward-pattern", a.grpc_header_forward_pattern)?,
             cores: std::thread::available_parallelism().map_or(1, |n| n.get()),

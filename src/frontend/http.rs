@@ -31,6 +31,8 @@ pub struct HttpState {
     /// --http-header-forward-pattern: request headers whose names match become request
     /// parameters (case-insensitively, as Triton).
     pub forward_headers: Option<regex::Regex>,
+    /// --openai-api-key: what the OpenAI routes ask for.
+    pub openai_api_key: Option<Arc<str>>,
 }
 
 type AppState = State<Arc<HttpState>>;
@@ -62,7 +64,8 @@ pub fn routes(state: Arc<HttpState>) -> Router {
         .route("/v2/models/stats", get(all_stats));
     let r = model_routes(r, "/v2/models/{model}");
     let r = model_routes(r, "/v2/models/{model}/versions/{version}");
-    r.merge(super::http_ext::routes()).merge(super::generate::routes()).with_state(state)
+    let openai = super::openai::routes(state.openai_api_key.clone());
+    r.merge(super::http_ext::routes()).merge(super::generate::routes()).merge(openai).with_state(state)
 }
 
 pub fn error_response(e: &Error) -> Response {

@@ -9,6 +9,7 @@ pub mod instances;
 pub mod json;
 pub mod metrics;
 pub mod net;
+pub mod openai;
 pub mod platform;
 pub mod restrict;
 pub mod sagemaker;

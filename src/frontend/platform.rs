@@ -9,6 +9,17 @@ use crate::{
     repository::registry::State,
 };
 
+/// 64 random bits (from the system's random source; the clock where it cannot be read), for ids.
+pub fn random_u64() -> u64 {
+    use std::io::Read;
+    let mut random = [0u8; 8];
+    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut random)).is_err() {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        random = (now.as_nanos() as u64).to_le_bytes();
+    }
+    u64::from_le_bytes(random)
+}
+
 /// The model platform predict calls go to: the configured one, else the only model.
 pub fn default_model(engine: &Engine, configured: Option<&str>, knob: &str) -> Result<String> {
     if let Some(m) = configured {

@@ -34,6 +34,9 @@ pub fn kserve_category(path: &str) -> Option<Category> {
         ["v2", "models", _, "versions", _, rest @ ..] => model_op(rest),
         ["v2", "models", _, rest @ ..] => model_op(rest),
         ["v2", ..] => Category::Metadata,
+        // The OpenAI API, as Triton's OpenAI front-end sorts it.
+        ["v1", "models", ..] => Category::ModelRepository,
+        ["v1", "embeddings" | "completions" | "chat", ..] => Category::Inference,
         _ => return None,
     })
 }
@@ -152,6 +155,9 @@ mod tests {
         assert_eq!(kserve_category("/v2/systemsharedmemory/region/r/register"), Some(Category::SharedMemory));
         assert_eq!(kserve_category("/v2/models/m/stats"), Some(Category::Statistics));
         assert_eq!(kserve_category("/metrics"), None);
+        assert_eq!(kserve_category("/v1/chat/completions"), Some(Category::Inference));
+        assert_eq!(kserve_category("/v1/embeddings"), Some(Category::Inference));
+        assert_eq!(kserve_category("/v1/models/m"), Some(Category::ModelRepository));
         // A model's name never picks the category.
         assert_eq!(kserve_category("/v2/models/ready"), Some(Category::Metadata));
         assert_eq!(kserve_category("/v2/models/infer"), Some(Category::Metadata));

@@ -234,13 +234,7 @@ fn corrid_bits(sb: &crate::proto::inference::ModelSequenceBatching) -> u32 {
 
 /// A new session id: random, of at most `bits` bits, never 0.
 fn new_session_id(bits: u32) -> u64 {
-    use std::io::Read;
-    let mut random = [0u8; 8];
-    if std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut random)).is_err() {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-        random = (now.as_nanos() as u64).to_le_bytes();
-    }
-    (u64::from_le_bytes(random) & ((1u64 << bits) - 1)).max(1)
+    (super::platform::random_u64() & ((1u64 << bits) - 1)).max(1)
 }
 
 /// `/invocations`, as SAGEMAKER_TRITON_INFERENCE_TYPE says: KServe v2 infer (and Vertex-style

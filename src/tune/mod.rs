@@ -78,6 +78,7 @@ async fn listen(config: &Config, core: &Core) -> Result<(SocketAddr, watch::Send
         max_input_size: config.http_max_input_size,
         size_note: String::new(),
         forward_headers: None,
+        openai_api_key: None,
     });
     let (stop, stopped) = watch::channel(false);
     let app = frontend::http::router(state);
