@@ -220,6 +220,13 @@ impl Engine {
         })
     }
 
+    /// Tokens an OpenAI API request to `name` counted (metrics), on its highest ready version.
+    pub fn record_tokens(&self, name: &str, prompt: u64, completion: u64) {
+        if let Ok(m) = self.registry.resolve(name, None) {
+            m.stats.record_tokens(prompt, completion);
+        }
+    }
+
     /// Statistics of every serving version, of one model's, or of one version.
     pub fn statistics(&self, name: Option<&str>, version: Option<u64>) -> Result<Vec<VersionStats>> {
         let models: Vec<Arc<ModelVersion>> =

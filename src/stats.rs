@@ -142,6 +142,9 @@ pub struct Snapshot {
     pub recent: Option<Recent>,
     /// Only when the first-response histogram is kept.
     pub first_response: Option<Histogram>,
+    /// Tokens of the prompts and of the completions the OpenAI API counted for this version.
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
 }
 
 /// Request durations in milliseconds, by bucket upper bound (the last bucket is +Inf).
@@ -325,6 +328,13 @@ impl Stats {
     }
 
     /// A request the cache did not hold: `spent` in the lookup and the insertion.
+    /// Tokens an OpenAI API request counted.
+    pub fn record_tokens(&self, prompt: u64, completion: u64) {
+        let mut inner = self.lock();
+        inner.snap.prompt_tokens = inner.snap.prompt_tokens.saturating_add(prompt);
+        inner.snap.completion_tokens = inner.snap.completion_tokens.saturating_add(completion);
+    }
+
     pub fn record_cache_miss(&self, spent: Duration) {
         self.lock().snap.cache_miss.add(1, spent);
     }

@@ -355,6 +355,19 @@ impl Metrics {
             &l,
             s.execution_count as f64,
         );
+        if s.prompt_tokens > 0 || s.completion_tokens > 0 {
+            let tokens = [("prompt", s.prompt_tokens), ("completion", s.completion_tokens)];
+            for (kind, n) in tokens {
+                let mut with_kind = l.clone();
+                with_kind.push(("kind".into(), kind.into()));
+                f.counter(
+                    "ferry_openai_tokens_total",
+                    "Tokens counted by the OpenAI API (prompt, completion)",
+                    &with_kind,
+                    n as f64,
+                );
+            }
+        }
         f.gauge(
             "nv_inference_pending_request_count",
             "Instantaneous number of pending requests awaiting execution per-model.",

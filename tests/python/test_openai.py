@@ -239,3 +239,16 @@ def test_vertex_invoke_routes_reach_the_openai_api():
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{s.ports['Vertex AI']}/v1", api_key="x", max_retries=0)
         got = c.embeddings.create(model="text_embedding", input="red fire")
         assert len(got.data[0].embedding) == 8 and got.usage.prompt_tokens == 2
+
+
+def test_token_counts_are_metrics(server):
+    client(server).embeddings.create(model="text_embedding", input=["red fire grass"])
+    client(server).completions.create(model="words", prompt="one two")
+
+    def count(model, kind):
+        for line in server.metrics().splitlines():
+            if line.startswith("ferry_openai_tokens_total{") and f'model="{model}"' in line and f'kind="{kind}"' in line:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+    assert count("text_embedding", "prompt") >= 3
+    assert count("words", "completion") >= 2

@@ -439,7 +439,8 @@ async fn run(s: &HttpState, r: &Roles, kind: Kind, prompts: Vec<String>, samplin
         Kind::Completion => format!("cmpl-{:016x}", random_u64()),
         Kind::Chat => format!("chatcmpl-{:016x}", random_u64()),
     };
-    let head = Head { id, created: now(), model: sampling.model.clone(), kind };
+    let head =
+        Head { id, created: now(), model: sampling.model.clone(), kind, engine: std::sync::Arc::clone(&s.engine) };
     if sampling.stream {
         let usage = sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
         return Ok(stream(head, r.clone(), streams, asked, usage));
@@ -452,6 +453,8 @@ struct Head {
     created: u64,
     model: String,
     kind: Kind,
+    /// Where the tokens counted are recorded.
+    engine: std::sync::Arc<crate::engine::Engine>,
 }
 
 impl Head {
@@ -487,38 +490,52 @@ impl Head {
     }
 }
 
-fn usage(choices: &[Choice]) -> Value {
+/// The usage of these choices: (prompt, completion) tokens.
+fn tokens(choices: &[Choice]) -> (u64, u64) {
     let prompt: u64 = choices.iter().map(|c| c.prompt_tokens).max().unwrap_or(0);
-    let completion: u64 = choices.iter().map(|c| c.completion_tokens).sum();
-    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion})
+    let completion: u64 = choices.iter().map(|c| c.completion_tokens).fold(0, u64::saturating_add);
+    (prompt, completion)
 }
 
-/// Every choice whole, in one JSON answer.
+fn usage(choices: &[Choice]) -> Value {
+    let (prompt, completion) = tokens(choices);
+    json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt.saturating_add(completion)})
+}
+
+/// One choice read to its end: its text, finish reason and counts.
+async fn collect(r: &Roles, mut rx: ResponseStream, asked: &Asked) -> ApiResult<(String, String, Choice)> {
+    let mut c = Choice::new(asked);
+    let mut text = String::new();
+    while let Some(item) = rx.recv().await {
+        text.push_str(&c.absorb(r, &item?)?);
+        if text.len() > MAX_HELD {
+            return Err(ApiError::from(Error::too_large(format!(
+                "the completion is longer than {MAX_HELD} bytes: ask for it with stream: true"
+            ))));
+        }
+        if c.done {
+            break;
+        }
+    }
+    let (rest, finish) = c.finish(asked.max_tokens);
+    text.push_str(&rest);
+    Ok((text, finish, c))
+}
+
+/// Every choice whole (read side by side, so that none falls behind), in one JSON answer.
 async fn whole(head: Head, r: &Roles, streams: Vec<ResponseStream>, asked: &Asked) -> ApiResult<Response> {
+    let done = futures_util::future::try_join_all(streams.into_iter().map(|rx| collect(r, rx, asked))).await?;
     let mut choices: Vec<Choice> = Vec::new();
     let mut bodies = Vec::new();
-    for (index, mut rx) in streams.into_iter().enumerate() {
-        let mut c = Choice::new(asked);
-        let mut text = String::new();
-        while let Some(item) = rx.recv().await {
-            text.push_str(&c.absorb(r, &item?)?);
-            if text.len() > MAX_HELD {
-                return Err(ApiError::from(Error::too_large(format!(
-                    "the completion is longer than {MAX_HELD} bytes: ask for it with stream: true"
-                ))));
-            }
-            if c.done {
-                break;
-            }
-        }
-        let (rest, finish) = c.finish(asked.max_tokens);
-        text.push_str(&rest);
+    for (index, (text, finish, c)) in done.into_iter().enumerate() {
         bodies.push(match head.kind {
             Kind::Completion => json!({"index": index, "text": text, "logprobs": null, "finish_reason": finish}),
             Kind::Chat => json!({"index": index, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish}),
         });
         choices.push(c);
     }
+    let (prompt, completion) = tokens(&choices);
+    head.engine.record_tokens(&head.model, prompt, completion);
     let mut body = head.envelope(false, bodies);
     body["usage"] = usage(&choices);
     Ok((StatusCode::OK, axum::Json(body)).into_response())
@@ -565,6 +582,14 @@ struct Sse {
     choices: Vec<Choice>,
     ended: bool,
     done_sent: bool,
+}
+
+impl Drop for Sse {
+    /// What the stream counted, also when its client left early.
+    fn drop(&mut self) {
+        let (prompt, completion) = tokens(&self.choices);
+        self.head.engine.record_tokens(&self.head.model, prompt, completion);
+    }
 }
 
 impl Sse {

@@ -134,6 +134,7 @@ async fn answer(s: &HttpState, headers: &HeaderMap, body: Body) -> ApiResult<Res
             }
         }
     }
+    s.engine.record_tokens(&req.model, prompt_tokens, 0);
     let body = encode(&req.model, &vectors, base64, prompt_tokens);
     Ok(([(header::CONTENT_TYPE, "application/json")], body).into_response())
 }
