@@ -46,12 +46,14 @@ pub struct SageMakerSettings {
 }
 
 /// `SAGEMAKER_TRITON_INFERENCE_TYPE`: KServe v2 `infer` (the default), or the generate
-/// extension's `generate` (one JSON object) or `generate_stream` (server-sent events).
+/// extension's `generate` (one JSON object) or `generate_stream` (server-sent events), or
+/// ferry's `openai` (the OpenAI API's bodies: chat, completions or embeddings).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum InferenceType {
     Infer,
     Generate,
     GenerateStream,
+    OpenAi,
 }
 
 /// Everything the platform decides, resolved once.
@@ -201,9 +203,10 @@ fn sagemaker(a: &ServeArgs, env: Env<'_>, p: &mut Platform) -> Result<(), String
         None | Some("infer") => InferenceType::Infer,
         Some("generate") => InferenceType::Generate,
         Some("generate_stream") => InferenceType::GenerateStream,
+        Some("openai") => InferenceType::OpenAi,
         Some(other) => {
             return Err(format!(
-                "SAGEMAKER_TRITON_INFERENCE_TYPE={other}: expected infer, generate or generate_stream"
+                "SAGEMAKER_TRITON_INFERENCE_TYPE={other}: expected infer, generate, generate_stream or openai"
             ));
         }
     };

@@ -241,11 +241,17 @@ fn new_session_id(bits: u32) -> u64 {
 /// instances), or the generate extension's body answered as one object or as an event stream.
 async fn invocations(State(s): State<Arc<SageMakerState>>, headers: HeaderMap, body: Body) -> Response {
     let kind = s.settings.inference_type;
+    if kind == InferenceType::OpenAi {
+        // The body may name the model; without a default it must.
+        let model = default_model(&s).unwrap_or_default();
+        return openai(&s, &model, &headers, body, false).await.unwrap_or_else(|e| error_response(&e));
+    }
     let result = match default_model(&s) {
         Ok(model) => match kind {
             InferenceType::Infer => run(&s, &model, &headers, body).await,
             InferenceType::Generate => generated(&s, &model, &headers, body).await,
             InferenceType::GenerateStream => streamed(&s, &model, &headers, body).await,
+            InferenceType::OpenAi => openai(&s, &model, &headers, body, false).await,
         },
         Err(e) => Err(e),
     };
@@ -255,11 +261,28 @@ async fn invocations(State(s): State<Arc<SageMakerState>>, headers: HeaderMap, b
 /// InvokeEndpointWithResponseStream: the generate extension's body, each response of the model
 /// one server-sent event (a decoupled model streams them as it makes them).
 async fn invocations_stream(State(s): State<Arc<SageMakerState>>, headers: HeaderMap, body: Body) -> Response {
+    if s.settings.inference_type == InferenceType::OpenAi {
+        let model = default_model(&s).unwrap_or_default();
+        return openai(&s, &model, &headers, body, true).await.unwrap_or_else(|e| error_response(&e));
+    }
     let result = match default_model(&s) {
         Ok(model) => streamed(&s, &model, &headers, body).await,
         Err(e) => Err(e),
     };
     result.unwrap_or_else(|e| error_response(&e))
+}
+
+/// An OpenAI API body (chat, completions or embeddings, told by its fields), for the default
+/// model unless it names one; `stream`: streamed (InvokeEndpointWithResponseStream).
+async fn openai(
+    s: &SageMakerState,
+    model: &str,
+    headers: &HeaderMap,
+    body: Body,
+    stream: bool,
+) -> Result<Response, Error> {
+    let body = read_request(&s.http, headers, body).await?;
+    Ok(super::openai::invoke(Arc::clone(&s.http), body, model, stream).await)
 }
 
 async fn generated(s: &SageMakerState, model: &str, headers: &HeaderMap, body: Body) -> Result<Response, Error> {

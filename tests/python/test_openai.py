@@ -252,3 +252,38 @@ def test_token_counts_are_metrics(server):
         return 0.0
     assert count("text_embedding", "prompt") >= 3
     assert count("words", "completion") >= 2
+
+
+def test_sagemaker_invocations_take_openai_bodies(tmp_path):
+    # SAGEMAKER_TRITON_INFERENCE_TYPE=openai: /invocations tells chat, completions and embeddings
+    # apart by their fields; /invocations-response-stream streams (InvokeEndpointWithResponseStream).
+    import shutil
+    repo = tmp_path / "model"
+    shutil.copytree(EXAMPLES, repo, ignore=shutil.ignore_patterns("make_examples.py"))
+    models.python_model(str(repo), "words", WORDS, WORDS_CONFIG)
+    env = {"SAGEMAKER_BIND_TO_PORT": "0", "FERRY_SAGEMAKER_MODEL_DIR": str(repo), "SAGEMAKER_TRITON_INFERENCE_TYPE": "openai"}
+    with Server([], env=env, services=("SageMaker",)) as s:
+        def post(path, body):
+            conn = http.client.HTTPConnection("127.0.0.1", s.ports["SageMaker"])
+            conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            return r.status, r.getheader("Content-Type"), r.read()
+        status, _, body = post("/invocations", {"model": "text_embedding", "input": ["red fire"]})
+        assert status == 200, body
+        np.testing.assert_allclose(json.loads(body)["data"][0]["embedding"], kserve_embeddings_on(s, ["red fire"])[0], rtol=1e-6)
+        status, _, body = post("/invocations", {"model": "words", "messages": [{"role": "user", "content": "a b"}]})
+        assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "user: a b ", body
+        status, kind, body = post("/invocations-response-stream", {"model": "words", "prompt": "x y"})
+        assert status == 200 and kind.startswith("text/event-stream"), body
+        events = [line[6:] for line in body.decode().splitlines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        assert "".join(json.loads(e)["choices"][0]["text"] for e in events[:-1] if json.loads(e)["choices"]) == "x y "
+        status, _, body = post("/invocations", {"model": "words"})
+        assert status == 400 and "messages" in json.loads(body)["error"]["message"]
+
+
+def kserve_embeddings_on(s, texts):
+    # The SageMaker listener serves no KServe v2 port of its own here: compute the reference
+    # through the same pipeline on a plain server.
+    with Server(["--model-repository", EXAMPLES]) as plain:
+        return kserve_embeddings(plain, texts)

@@ -315,7 +315,7 @@ def test_an_unknown_inference_type_stops_the_start(tmp_path):
     folder, env = text_models(tmp_path, "three")
     s = sagemaker(folder, {**env, "SAGEMAKER_TRITON_INFERENCE_TYPE": "predict"}, expect_exit=True)
     assert s.wait_exit() != 0
-    assert "SAGEMAKER_TRITON_INFERENCE_TYPE=predict: expected infer, generate or generate_stream" in s.log()
+    assert "SAGEMAKER_TRITON_INFERENCE_TYPE=predict: expected infer, generate, generate_stream or openai" in s.log()
 
 
 def add(value, end=False):

@@ -58,6 +58,43 @@ pub fn routes(api_key: Option<Arc<str>>) -> Router<Arc<HttpState>> {
     }
 }
 
+/// An OpenAI body that arrived on another route (SageMaker's `/invocations`): `messages` makes it
+/// a chat completion, `prompt` a completion, `input` embeddings; `model` defaults to
+/// `default_model`; `stream` asks a completion to stream.
+pub async fn invoke(s: Arc<HttpState>, body: axum::body::Bytes, default_model: &str, stream: bool) -> Response {
+    let mut v: serde_json::Map<String, Value> = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return ApiError::bad(format!("the request body is not a JSON object: {e}"), "body").into_response(),
+    };
+    drop(body);
+    if v.get("model").and_then(Value::as_str).is_none_or(str::is_empty) {
+        v.insert("model".into(), Value::String(default_model.to_string()));
+    }
+    let route = if v.contains_key("messages") {
+        "chat"
+    } else if v.contains_key("prompt") {
+        "completions"
+    } else if v.contains_key("input") {
+        "embeddings"
+    } else {
+        return ApiError::bad(
+            "an OpenAI body holds 'messages' (chat), 'prompt' (completions) or 'input' (embeddings)",
+            "body",
+        )
+        .into_response();
+    };
+    if stream && route != "embeddings" {
+        v.insert("stream".into(), Value::Bool(true));
+    }
+    let body = Body::from(Value::Object(v).to_string());
+    let headers = HeaderMap::new();
+    match route {
+        "chat" => completions::chat_completions(State(s), headers, body).await,
+        "completions" => completions::completions(State(s), headers, body).await,
+        _ => embeddings::embeddings(State(s), headers, body).await,
+    }
+}
+
 /// `Authorization: Bearer <key>`, compared in constant time.
 fn authorized(headers: &HeaderMap, key: &str) -> bool {
     let Some(given) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
