@@ -220,6 +220,11 @@ impl Engine {
         })
     }
 
+    /// The chat template saved beside a model's highest ready version.
+    pub fn chat_template(&self, name: &str) -> Option<Arc<crate::model::ChatTemplate>> {
+        self.registry.resolve(name, None).ok()?.chat_template.clone()
+    }
+
     /// Tokens an OpenAI API request to `name` counted (metrics), on its highest ready version.
     pub fn record_tokens(&self, name: &str, prompt: u64, completion: u64) {
         if let Ok(m) = self.registry.resolve(name, None) {

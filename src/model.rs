@@ -255,9 +255,19 @@ pub struct ModelVersion {
     /// Every instance reads and writes GPU memory directly (CUDA shared-memory inputs and
     /// outputs stay on the device).
     pub device_io: bool,
+    /// The chat template saved beside the model (`tokenizer_config.json`), for the OpenAI API.
+    pub chat_template: Option<Arc<ChatTemplate>>,
     /// A digest of what the version computes with (its files and effective config), for the
     /// response cache's keys; empty when the cache does not serve it.
     pub content: String,
+}
+
+/// A chat template (Jinja) and the tokens it may name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChatTemplate {
+    pub template: String,
+    pub bos_token: String,
+    pub eos_token: String,
 }
 
 impl ModelVersion {

@@ -299,6 +299,7 @@ fn load_version(
         sequences: plan.map(sequence::Sequences::new),
         stats,
         device_io,
+        chat_template: super::chat_template::find(name, dir, version).map(Arc::new),
         content,
     })
 }
@@ -326,6 +327,7 @@ fn load_ensemble(
         sequences: None,
         stats: Arc::new(Stats::new(options.recent_stats, options.histogram.clone())),
         device_io: false,
+        chat_template: super::chat_template::find(registry.name_of(key), dir, version).map(Arc::new),
         content,
     })
 }

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use crate::proto::inference::{ModelVersionPolicy, model_version_policy::PolicyChoice};
 
 pub mod agents;
+pub mod chat_template;
 pub mod checksums;
 pub mod cloud_credentials;
 pub mod complete;

@@ -69,6 +69,12 @@ output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] } ]
 def server(tmp_path_factory):
     repo = str(tmp_path_factory.mktemp("openai"))
     models.python_model(repo, "words", WORDS, WORDS_CONFIG)
+    # The same model with its chat template saved beside it, as Hugging Face saves it.
+    plain = "\n".join(line for line in WORDS_CONFIG.splitlines() if "chat_template" not in line)
+    models.python_model(repo, "words_hf", WORDS, plain)
+    models.write(os.path.join(repo, "words_hf", "tokenizer_config.json"), json.dumps({
+        "chat_template": "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }} {% endfor %}",
+        "bos_token": {"content": "<s>"}}))
     with Server(["--model-repository", EXAMPLES, "--model-repository", repo]) as s:
         yield s
 
@@ -173,6 +179,11 @@ def test_whole_chat_and_completion(server):
     several = client(server).completions.create(model="words", prompt="p q", n=3)
     assert [c.index for c in several.choices] == [0, 1, 2]
     assert {c.text for c in several.choices} == {"p q "}
+
+
+def test_the_chat_template_saved_beside_the_model(server):
+    chat = client(server).chat.completions.create(model="words_hf", messages=[{"role": "user", "content": "hi there"}])
+    assert chat.choices[0].message.content == "<s><user>hi there "
 
 
 def test_stop_sequences_cut_the_text(server):

@@ -189,7 +189,8 @@ fn model_roles(s: &HttpState, model: &str, want: roles::Operation) -> ApiResult<
         e.param = Some("model");
         e
     })?;
-    let r = Roles::of(model, &config).map_err(|e| ApiError::bad(e.message(), "model"))?;
+    let saved = s.engine.chat_template(model);
+    let r = Roles::of(model, &config, saved.as_deref()).map_err(|e| ApiError::bad(e.message(), "model"))?;
     if r.operation != want {
         return Err(ApiError::bad(
             format!("model '{model}' serves {}, not {}", r.operation.name(), want.name()),
@@ -215,7 +216,7 @@ fn openai_models(s: &HttpState) -> Vec<(String, roles::Operation)> {
         if out.last().is_some_and(|(n, _)| *n == m.name) {
             continue;
         }
-        if let Ok(r) = Roles::of(&m.name, &m.config) {
+        if let Ok(r) = Roles::of(&m.name, &m.config, None) {
             out.push((m.name.clone(), r.operation));
         }
     }

@@ -9,6 +9,7 @@ use bytes::Bytes;
 
 use crate::{
     error::{Error, Result},
+    model::ChatTemplate,
     proto::inference::{ModelConfig, ModelInput},
     request::InputTensor,
     tensor::{DataType, Tensor},
@@ -121,8 +122,9 @@ fn embedding_output<'a>(names: impl Iterator<Item = &'a str>) -> Option<&'a str>
 }
 
 impl Roles {
-    /// How `model` (its config) maps to an OpenAI operation; the error says why it does not.
-    pub fn of(model: &str, c: &ModelConfig) -> Result<Roles> {
+    /// How `model` (its config, and the chat template saved beside it) maps to an OpenAI
+    /// operation; the error says why it does not.
+    pub fn of(model: &str, c: &ModelConfig, saved: Option<&ChatTemplate>) -> Result<Roles> {
         let refuse = |why: String| Error::invalid(format!("model '{model}' does not serve the OpenAI API: {why}"));
         let op_param = param(c, "openai_operation");
         if op_param == Some("none") {
@@ -195,9 +197,20 @@ impl Roles {
             max_batch_size: c.max_batch_size.max(0) as usize,
             decoupled: c.model_transaction_policy.as_ref().is_some_and(|p| p.decoupled),
             truncatable: param(c, "openai_truncatable_dimensions").is_some_and(|v| v.eq_ignore_ascii_case("true")),
-            chat_template: c.parameters.get("chat_template").map(|p| p.string_value.clone()).filter(|t| !t.is_empty()),
-            bos_token: param(c, "bos_token").unwrap_or_default().to_string(),
-            eos_token: param(c, "eos_token").unwrap_or_default().to_string(),
+            chat_template: c
+                .parameters
+                .get("chat_template")
+                .map(|p| p.string_value.clone())
+                .filter(|t| !t.is_empty())
+                .or_else(|| saved.map(|t| t.template.clone())),
+            bos_token: param(c, "bos_token")
+                .map(str::to_string)
+                .or_else(|| saved.map(|t| t.bos_token.clone()))
+                .unwrap_or_default(),
+            eos_token: param(c, "eos_token")
+                .map(str::to_string)
+                .or_else(|| saved.map(|t| t.eos_token.clone()))
+                .unwrap_or_default(),
             extra_inputs,
         })
     }
@@ -328,19 +341,19 @@ mod tests {
             output: vec![output("EMBEDDING", DataType::Fp32, &[4]), output("attention_mask", DataType::Int64, &[-1])],
             ..Default::default()
         };
-        let r = Roles::of("e", &c).unwrap();
+        let r = Roles::of("e", &c, None).unwrap();
         assert_eq!(r.operation, Operation::Embeddings);
         assert_eq!((r.text_input.name.as_str(), r.output.as_str()), ("TEXT", "EMBEDDING"));
         assert_eq!(r.prompt_tokens.as_deref(), Some("attention_mask"));
         // A float output not named so is no embedding, unless the config says it is.
         c.output.push(output("OTHER", DataType::Fp32, &[4]));
-        assert_eq!(Roles::of("e", &c).unwrap().output, "EMBEDDING");
+        assert_eq!(Roles::of("e", &c, None).unwrap().output, "EMBEDDING");
         c.output.remove(0);
-        assert!(Roles::of("e", &c).unwrap_err().message().contains("neither"));
+        assert!(Roles::of("e", &c, None).unwrap_err().message().contains("neither"));
         c.parameters.insert("openai_embedding_output".into(), ModelParameter { string_value: "OTHER".into() });
-        assert_eq!(Roles::of("e", &c).unwrap().output, "OTHER");
+        assert_eq!(Roles::of("e", &c, None).unwrap().output, "OTHER");
         c.parameters.insert("openai_operation".into(), ModelParameter { string_value: "none".into() });
-        assert!(Roles::of("e", &c).is_err());
+        assert!(Roles::of("e", &c, None).is_err());
 
         let llm = ModelConfig {
             input: vec![
@@ -353,10 +366,10 @@ mod tests {
             ..Default::default()
         };
         // A required input the front-end cannot fill.
-        assert!(Roles::of("m", &llm).unwrap_err().message().contains("'other'"));
+        assert!(Roles::of("m", &llm, None).unwrap_err().message().contains("'other'"));
         let mut llm = llm;
         llm.input[2].optional = true;
-        let r = Roles::of("m", &llm).unwrap();
+        let r = Roles::of("m", &llm, None).unwrap();
         assert_eq!(r.operation, Operation::Completions);
         assert!(r.decoupled && r.extra("stream").is_some());
         assert_eq!(r.text_input.name, "text_input");
