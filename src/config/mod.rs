@@ -443,11 +443,21 @@ impl Config {
             let exe = std::env::current_exe().ok();
             exe.and_then(|e| e.parent().map(|d| d.join("backends"))).unwrap_or_else(|| PathBuf::from("backends"))
         });
-        let model_repositories = if a.model_repository.is_empty() {
+        let mut model_repositories: Vec<String> = Vec::new();
+        let given = if a.model_repository.is_empty() {
             platform.repository.iter().cloned().collect()
         } else {
             a.model_repository
         };
+        // A repository given twice is one repository (Triton keeps them as a set).
+        for r in given {
+            let same = |known: &String| {
+                known.trim_end_matches('/') == r.trim_end_matches('/') && !r.trim_end_matches('/').is_empty()
+            };
+            if !model_repositories.iter().any(same) {
+                model_repositories.push(r);
+            }
+        }
         Ok(Config {
             model_repositories,
             http_addr: SocketAddr::new(a.http_address, a.http_port),
@@ -543,6 +553,10 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(c.model_repositories, vec!["/a".to_string(), "/b".to_string()]);
+        let twice =
+            Config::from_args(["ferry", "--model-repository=/a", "--model-repository=/a/", "--model-repository=/b"])
+                .unwrap();
+        assert_eq!(twice.model_repositories, vec!["/a".to_string(), "/b".to_string()]);
         assert_eq!(c.http_addr.port(), 0);
         assert!(!c.auto_complete);
         assert!(!c.exit_on_error);

@@ -152,6 +152,10 @@ impl ModelRepository {
     pub(super) fn step_key(&self, found: &[Found], ensemble: &str, step: &str) -> Result<String> {
         let registry = self.loader.registry();
         let Some(root) = registry.root_of(ensemble) else { return Ok(step.to_string()) };
+        // A step that names a repository (`<i>::<name>`) means that model.
+        if super::registry::split_qualified(step).is_some() {
+            return Ok(step.to_string());
+        }
         let own = super::registry::qualified(root, step);
         if found.iter().any(|f| f.key == own) {
             return Ok(own);

@@ -54,6 +54,12 @@ pub fn scan(roots: &[(usize, PathBuf)], namespacing: bool) -> (Vec<Found>, Vec<(
                 tracing::warn!(folder = %dir.display(), error = %e, "skipping a folder that cannot be a model");
                 continue;
             }
+            if namespacing && name.contains("::") {
+                // `<repository>::<name>` addresses a model under namespacing: a folder of such a
+                // name would shadow another repository's model.
+                tracing::warn!(folder = %dir.display(), "skipping a folder whose name holds '::' (with --model-namespacing it would read as another repository's model)");
+                continue;
+            }
             if !dir.join(config::CONFIG_FILE).is_file() && version_dirs(&dir).is_empty() {
                 tracing::warn!(folder = %dir.display(), "skipping a folder that is not a model (no config.pbtxt, no version folder)");
                 continue;

@@ -111,22 +111,36 @@ fn key_for<'a>(models: &'a BTreeMap<String, Entry>, from: Option<usize>, name: &
     {
         return Ok(key);
     }
+    let serves = |e: &Entry| e.versions.values().any(|s| s.serving.is_some());
+    // The step's own repository's model, once it serves (while it loads, the model the step ran
+    // on keeps serving it).
     if let Some(root) = from
         && let Some((key, e)) = models.get_key_value(&qualified(root, name))
         && !e.unloaded
+        && serves(e)
     {
         return Ok(key);
     }
     let plain = name;
     let named = || models.iter().filter(move |(k, _)| split_qualified(k).map_or(k.as_str(), |(_, n)| n) == plain);
-    let live: Vec<&str> = named().filter(|(_, e)| !e.unloaded).map(|(k, _)| k.as_str()).take(64).collect();
-    let candidates = if live.is_empty() { named().map(|(k, _)| k.as_str()).take(64).collect() } else { live };
-    match candidates.as_slice() {
-        [] => Ok(name),
-        [one] => Ok(one),
-        many => Err(Error::invalid(format!(
-            "There are {} identifiers of model '{plain}' in global map, model namespace must be provided to resolve ambiguity.",
-            many.len()
+    // Serving ones first, then those meant to serve, then any.
+    let pick = |keep: &dyn Fn(&Entry) -> bool| -> (usize, Option<&'a str>) {
+        let mut it = named().filter(|(_, e)| keep(e)).map(|(k, _)| k.as_str());
+        let first = it.next();
+        (first.map_or(0, |_| 1 + it.count()), first)
+    };
+    let (count, first) = match pick(&|e| !e.unloaded && serves(e)) {
+        (0, _) => match pick(&|e| !e.unloaded) {
+            (0, _) => pick(&|_| true),
+            other => other,
+        },
+        other => other,
+    };
+    match (count, first) {
+        (0, _) | (_, None) => Ok(name),
+        (1, Some(one)) => Ok(one),
+        (many, _) => Err(Error::invalid(format!(
+            "There are {many} identifiers of model '{plain}' in global map, model namespace must be provided to resolve ambiguity."
         ))),
     }
 }

@@ -310,6 +310,10 @@ impl Sources {
             self.listings.lock().unwrap_or_else(|p| p.into_inner()).insert(i, objects);
             *self.listed_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now());
             for (name, objects) in by_model {
+                if self.namespacing && name.contains("::") {
+                    tracing::warn!(repository = %remote.url(), model = %name, "skipping a model whose name holds '::' (with --model-namespacing it would read as another repository's model)");
+                    continue;
+                }
                 found.push((
                     Found { key: self.key(i, &name), name: name.clone(), place: Place::Remote(i, objects) },
                     format!("{}/{name}", remote.url()),

@@ -174,3 +174,22 @@ def test_without_namespacing_a_name_in_two_repositories_loads_nowhere(tmp_path):
     with Server(["--model-repository", paths[0], "--model-repository", paths[1], "--exit-on-error=false"]) as s:
         assert "two repositories" in s.log()
         assert not s.client().is_model_ready("step")
+
+
+def test_qualified_steps_shadowing_folders_and_a_repository_given_twice(tmp_path):
+    paths = repos(str(tmp_path))
+    # An ensemble step may name another repository's model; a folder named like a qualified key
+    # is no model (it would shadow repository 0's).
+    third = os.path.join(str(tmp_path), "repo2")
+    models.write(os.path.join(third, "pipe_q", "config.pbtxt"), ENSEMBLE.replace('"step"', '"1::step"'))
+    os.makedirs(os.path.join(third, "pipe_q", "1"))
+    models.add_mul(third, "0::step", versions=(2,), config=STEP)
+    with Server(args(paths + [third, paths[0] + "/"], "none")) as s:
+        c = s.client()
+        assert c.is_server_ready()
+        assert offset(c, httpclient, "pipe_q") == 1
+        assert offset(c, httpclient, "0::step", out="y", inp="a") == 0
+        assert "skipping a folder whose name holds '::'" in s.log()
+        # The first repository given twice is one repository: each model once in the index.
+        names = sorted(m["name"] for m in c.get_model_repository_index())
+        assert names == ["pipe", "pipe", "pipe_a", "pipe_b", "pipe_q", "step", "step"], names

@@ -44,6 +44,12 @@ class TritonPythonModel:
         if params.get("temperature") is not None:
             words.append(f"t={params['temperature']}")
         sender = request.get_response_sender()
+        if params.get("bytes"):
+            # One byte per response: characters split between responses.
+            for b in prompt.encode():
+                sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("text_output", np.array([bytes([b])], dtype=np.object_))]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
         for i, w in enumerate(words[:limit]):
             if request.is_cancelled():
                 pb_utils.Logger.log_info(f"words: cancelled after {i}")
@@ -298,3 +304,38 @@ def kserve_embeddings_on(s, texts):
     # through the same pipeline on a plain server.
     with Server(["--model-repository", EXAMPLES]) as plain:
         return kserve_embeddings(plain, texts)
+
+
+def test_one_finish_per_choice_and_split_characters(server):
+    chunks = list(client(server).completions.create(model="words", prompt=["a STOP b c d e", "x y z w"], stop="STOP",
+                                                    stream=True))
+    finishes = [(c.choices[0].index, c.choices[0].finish_reason) for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert sorted(finishes) == [(0, "stop"), (1, "stop")]
+    texts = {i: "".join(c.choices[0].text for c in chunks if c.choices and c.choices[0].index == i) for i in (0, 1)}
+    assert texts == {0: "a ", 1: "x y z w "}
+    # A character whose bytes come in two responses arrives whole.
+    whole = client(server).completions.create(model="words", prompt="café ñ", extra_body={"bytes": True})
+    assert whole.choices[0].text == "café ñ"
+    streamed = client(server).completions.create(model="words", prompt="é€", extra_body={"bytes": True}, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == "é€"
+
+
+def test_unserved_fields_are_refused_and_reserved_names_kept_back(server):
+    c = client(server)
+    for kwargs in [{"echo": True}, {"logprobs": 2}, {"best_of": 3}, {"suffix": "x"}]:
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="words", prompt="x", **kwargs)
+        assert "not supported" in e.value.body["message"], kwargs
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model="words", messages=[{"role": "user", "content": "x"}],
+                                  tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
+    # Asking for nothing of them is fine; the engine's own parameter names never come from the body.
+    ok = c.completions.create(model="words", prompt="x", echo=False, extra_body={"priority": -1, "triton_x": 1})
+    assert ok.choices[0].text == "x "
+    conn = http.client.HTTPConnection("127.0.0.1", server.port)
+    conn.request("GET", "/v1/completions")
+    r = conn.getresponse()
+    assert r.status == 405 and json.loads(r.read())["error"]["type"] == "invalid_request_error"
+    conn.request("GET", "/v1/no/such/route")
+    r = conn.getresponse()
+    assert r.status == 404 and json.loads(r.read())["error"]["message"] == "Not Found"

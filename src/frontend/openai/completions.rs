@@ -40,7 +40,7 @@ const MAX_STOP_LEN: usize = 1024;
 /// Longest completion held for a client that does not stream.
 const MAX_HELD: usize = 16 << 20;
 /// `max_tokens` when the model needs it and the request does not say (Triton's default).
-const DEFAULT_MAX_TOKENS: f64 = 16.0;
+const DEFAULT_MAX_TOKENS: i128 = 16;
 
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -77,9 +77,46 @@ struct Sampling {
     extra: serde_json::Map<String, Value>,
 }
 
-/// Fields that are not passed on as request parameters.
-const NOT_PASSED: &[&str] =
-    &["prompt", "messages", "user", "logprobs", "top_logprobs", "echo", "logit_bias", "suffix", "best_of"];
+/// Fields that are not passed on as request parameters: the API's own, and the names the
+/// engine reserves (KServe's scheduling parameters; Triton's `triton_` prefix).
+const NOT_PASSED: &[&str] = &[
+    "prompt",
+    "messages",
+    "user",
+    "logprobs",
+    "top_logprobs",
+    "echo",
+    "logit_bias",
+    "suffix",
+    "best_of",
+    "tools",
+    "tool_choice",
+    "response_format",
+    "priority",
+    "timeout",
+    "sequence_id",
+    "sequence_start",
+    "sequence_end",
+    "binary_data_output",
+    "headers",
+];
+
+/// Fields ferry does not serve yet, refused (400) unless they ask for nothing.
+fn unsupported(extra: &serde_json::Map<String, Value>) -> Option<&'static str> {
+    let asks = |k: &str| match extra.get(k) {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => false,
+        Some(Value::Bool(true)) => true,
+        Some(Value::String(s)) => !(s.is_empty() || k == "tool_choice" && s == "none"),
+        Some(Value::Array(a)) => !a.is_empty(),
+        Some(Value::Number(n)) => {
+            !(k == "best_of" && n.as_u64() == Some(1) || k == "logprobs" && n.as_u64() == Some(0))
+        }
+        Some(Value::Object(o)) => !(k == "response_format" && o.get("type").and_then(Value::as_str) == Some("text")),
+    };
+    ["echo", "logprobs", "top_logprobs", "best_of", "suffix", "tools", "tool_choice", "response_format", "logit_bias"]
+        .into_iter()
+        .find(|k| asks(k))
+}
 /// Most other fields passed on.
 const MAX_EXTRA: usize = 64;
 
@@ -142,8 +179,18 @@ pub async fn chat_completions(State(s): AppState, headers: HeaderMap, body: Body
         let messages = messages.into_iter().map(message).collect::<ApiResult<Vec<Message>>>()?;
         let r = model_roles(&s, &req.sampling.model, Operation::Completions)?;
         let tokens = (r.bos_token.as_str(), r.eos_token.as_str());
-        let prompt = template::render(r.chat_template.as_deref(), &messages, tokens, s.max_input_size)
-            .map_err(|e| ApiError::bad(e, "messages"))?;
+        let (template, limit) = (r.chat_template.clone(), s.max_input_size);
+        let (bos, eos) = (tokens.0.to_string(), tokens.1.to_string());
+        // Off the async workers: a long conversation or a slow template must not hold them.
+        let rendered =
+            tokio::task::spawn_blocking(move || template::render(template.as_deref(), &messages, (&bos, &eos), limit))
+                .await
+                .map_err(|e| ApiError::from(Error::internal(format!("the chat template did not finish: {e}"))))?;
+        let prompt = match rendered {
+            Ok(p) => p,
+            Err(template::Failure::Messages(m)) => return Err(ApiError::bad(m, "messages")),
+            Err(template::Failure::Template(m)) => return Err(ApiError::from(Error::internal(m))),
+        };
         run(&s, &r, Kind::Chat, vec![prompt], req.sampling).await
     };
     run.await.unwrap_or_else(IntoResponse::into_response)
@@ -182,6 +229,9 @@ struct Asked {
 }
 
 fn check(sampling: &Sampling) -> ApiResult<Asked> {
+    if let Some(field) = unsupported(&sampling.extra) {
+        return Err(ApiError::bad(format!("'{field}' is not supported by this server"), field));
+    }
     let stops = sampling.stop.as_ref().map(|s| match s {
         OneOrMany::One(s) => vec![s.clone()],
         OneOrMany::Many(v) => v.clone(),
@@ -223,7 +273,8 @@ fn request(model: &str, r: &Roles, prompt: &str, s: &Sampling, asked: &Asked) ->
     let shape = roles::shape_for(&r.text_input, batching, 1, 1).map_err(|e| ApiError::bad(e.message(), "prompt"))?;
     let mut inputs = vec![InputTensor::host(r.text_input.name.clone(), DataType::Bytes, shape, Bytes::from(data))];
     let mut parameters = Parameters::new();
-    for (k, v) in s.extra.iter().filter(|(k, _)| !NOT_PASSED.contains(&k.as_str())).take(MAX_EXTRA) {
+    let passed = |k: &&String| !NOT_PASSED.contains(&k.as_str()) && !k.starts_with("triton_");
+    for (k, v) in s.extra.iter().filter(|(k, _)| passed(k)).take(MAX_EXTRA) {
         let p = match v {
             Value::Bool(b) => ParamValue::Bool(*b),
             Value::String(t) => ParamValue::String(t.clone()),
@@ -233,41 +284,35 @@ fn request(model: &str, r: &Roles, prompt: &str, s: &Sampling, asked: &Asked) ->
         };
         parameters.insert(k.clone(), p);
     }
-    let number = |v: Option<f64>, default: f64, name: &'static str| (v.unwrap_or(default), name);
-    let max_tokens = asked.max_tokens.map(|v| v as f64);
-    let numbers = [
-        number(max_tokens, DEFAULT_MAX_TOKENS, "max_tokens"),
-        number(s.temperature, 1.0, "temperature"),
-        number(s.top_p, 1.0, "top_p"),
-        number(s.frequency_penalty, 0.0, "frequency_penalty"),
-        number(s.presence_penalty, 0.0, "presence_penalty"),
-        number(s.seed.map(|v| v as f64), 0.0, "seed"),
+    let max_tokens = asked.max_tokens;
+    let float = |v: Option<f64>, default: f64| (Scalar::Number(v.unwrap_or(default)), v.is_some());
+    let int = |v: Option<i128>, default: i128| (Scalar::Integer(v.unwrap_or(default)), v.is_some());
+    let values = [
+        ("max_tokens", int(max_tokens.map(i128::from), DEFAULT_MAX_TOKENS)),
+        ("temperature", float(s.temperature, 1.0)),
+        ("top_p", float(s.top_p, 1.0)),
+        ("frequency_penalty", float(s.frequency_penalty, 0.0)),
+        ("presence_penalty", float(s.presence_penalty, 0.0)),
+        ("seed", int(s.seed.map(i128::from), 0)),
     ];
-    let given = [
-        max_tokens.is_some(),
-        s.temperature.is_some(),
-        s.top_p.is_some(),
-        s.frequency_penalty.is_some(),
-        s.presence_penalty.is_some(),
-        s.seed.is_some(),
-    ];
-    let bad_input = |e: Error| ApiError::bad(e.message(), "model");
-    for ((value, name), was_given) in numbers.into_iter().zip(given) {
+    for (name, (value, was_given)) in values {
         match r.extra(name) {
             Some(i) if was_given || !i.optional => {
-                inputs.push(roles::scalar_input(i, batching, Scalar::Number(value)).map_err(bad_input)?)
+                inputs.push(roles::scalar_input(i, batching, value).map_err(|e| ApiError::bad(e.message(), name))?)
             }
             Some(_) => {}
             None if was_given => {
-                let p = match name {
-                    "seed" | "max_tokens" => ParamValue::Int(value as i64),
-                    _ => ParamValue::Double(value),
+                let p = match value {
+                    Scalar::Integer(v) => i64::try_from(v).map_or(ParamValue::Uint(v as u64), ParamValue::Int),
+                    Scalar::Number(v) => ParamValue::Double(v),
+                    _ => continue,
                 };
                 parameters.insert(name.to_string(), p);
             }
             None => {}
         }
     }
+    let bad_input = |e: Error| ApiError::bad(e.message(), "model");
     let flag = |name: &str, value: bool, inputs: &mut Vec<InputTensor>| -> ApiResult<()> {
         if let Some(i) = r.extra(name) {
             inputs.push(roles::scalar_input(i, batching, Scalar::Bool(value)).map_err(bad_input)?);
@@ -290,8 +335,10 @@ fn request(model: &str, r: &Roles, prompt: &str, s: &Sampling, asked: &Asked) ->
     }
     if let Some(i) = r.extra("sampling_parameters") {
         let mut sp = serde_json::Map::new();
+        if let Some(m) = max_tokens {
+            sp.insert("max_tokens".into(), json!(m));
+        }
         let fields = [
-            ("max_tokens", max_tokens),
             ("temperature", s.temperature),
             ("top_p", s.top_p),
             ("frequency_penalty", s.frequency_penalty),
@@ -353,17 +400,56 @@ struct Choice {
     prompt_tokens: u64,
     finish: Option<String>,
     done: bool,
+    /// Its finish was sent (streams).
+    closed: bool,
+    /// The end of a UTF-8 character split between two responses.
+    partial: Vec<u8>,
 }
 
 impl Choice {
-    fn new(asked: &Asked) -> Choice {
+    /// A choice; `stop` sequences are applied here unless the model takes them (`stop_words`).
+    fn new(asked: &Asked, r: &Roles) -> Choice {
+        let stops = if r.extra("stop_words").is_some() { Vec::new() } else { asked.stops.clone() };
         Choice {
-            stops: Stops { stops: asked.stops.clone(), held: String::new() },
+            stops: Stops { stops, held: String::new() },
             completion_tokens: 0,
             counted_tokens: false,
             prompt_tokens: 0,
             finish: None,
             done: false,
+            closed: false,
+            partial: Vec::new(),
+        }
+    }
+
+    /// `bytes` after what was left over, as text; an incomplete character at the end waits for
+    /// the next piece, invalid bytes become U+FFFD.
+    fn decode(&mut self, bytes: &[u8]) -> String {
+        self.partial.extend_from_slice(bytes);
+        let mut out = String::new();
+        loop {
+            match std::str::from_utf8(&self.partial) {
+                Ok(s) => {
+                    out.push_str(s);
+                    self.partial.clear();
+                    return out;
+                }
+                Err(e) => {
+                    let valid = e.valid_up_to();
+                    out.push_str(std::str::from_utf8(&self.partial[..valid]).unwrap_or_default());
+                    match e.error_len() {
+                        // An incomplete character at the end: kept for the next piece.
+                        None => {
+                            self.partial.drain(..valid);
+                            return out;
+                        }
+                        Some(bad) => {
+                            out.push('\u{FFFD}');
+                            self.partial.drain(..valid + bad);
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -376,7 +462,8 @@ impl Choice {
         for t in &item.response.outputs {
             if t.name == r.output {
                 for e in bytes_elements(&t.data) {
-                    text.push_str(&String::from_utf8_lossy(e?));
+                    let piece = self.decode(e?);
+                    text.push_str(&piece);
                 }
             } else if Some(&t.name) == r.completion_tokens.as_ref() {
                 self.completion_tokens += roles::int_sum(t);
@@ -402,7 +489,11 @@ impl Choice {
 
     /// The held-back text and the finish reason, once the model is done.
     fn finish(&mut self, max_tokens: Option<u64>) -> (String, String) {
-        let rest = if self.done { String::new() } else { self.stops.flush() };
+        let mut rest = if self.done { String::new() } else { self.stops.flush() };
+        if !self.done && !self.partial.is_empty() {
+            rest.push('\u{FFFD}');
+            self.partial.clear();
+        }
         self.done = true;
         let reason = self.finish.clone().unwrap_or_else(|| {
             if max_tokens.is_some_and(|m| self.completion_tokens >= m) { "length".into() } else { "stop".into() }
@@ -504,7 +595,7 @@ fn usage(choices: &[Choice]) -> Value {
 
 /// One choice read to its end: its text, finish reason and counts.
 async fn collect(r: &Roles, mut rx: ResponseStream, asked: &Asked) -> ApiResult<(String, String, Choice)> {
-    let mut c = Choice::new(asked);
+    let mut c = Choice::new(asked, r);
     let mut text = String::new();
     while let Some(item) = rx.recv().await {
         text.push_str(&c.absorb(r, &item?)?);
@@ -553,7 +644,7 @@ fn stream(head: Head, r: Roles, streams: Vec<ResponseStream>, asked: Asked, incl
     if head.kind == Kind::Chat {
         pending.extend((0..count).map(|i| head.envelope(true, vec![head.piece(i, Some(""), true, None)])));
     }
-    let choices: Vec<Choice> = (0..count).map(|_| Choice::new(&asked)).collect();
+    let choices: Vec<Choice> = (0..count).map(|_| Choice::new(&asked, &r)).collect();
     let state =
         Sse { head, r, asked, include_usage, merged: Some(merged), pending, choices, ended: false, done_sent: false };
     let events = futures_util::stream::unfold(state, |mut st| async move {
@@ -619,10 +710,10 @@ impl Sse {
                         Ok(_) => {}
                         Err(e) => return Some(self.fail(e)),
                     }
-                    if last || self.choices[i].done {
+                    if (last || self.choices[i].done) && !self.choices[i].closed {
                         self.close(i);
                     }
-                    if self.choices.iter().all(|c| c.done) {
+                    if self.choices.iter().all(|c| c.closed) {
                         self.merged = None; // the remaining runs, cancelled
                         self.end();
                     }
@@ -630,7 +721,7 @@ impl Sse {
                 Some((_, Err(e))) => return Some(self.fail(e)),
                 None => {
                     for i in 0..self.choices.len() {
-                        if !self.choices[i].done {
+                        if !self.choices[i].closed {
                             self.close(i);
                         }
                     }
@@ -642,6 +733,7 @@ impl Sse {
 
     /// Choice `i` is over: its held-back text and finish reason.
     fn close(&mut self, i: usize) {
+        self.choices[i].closed = true;
         let (rest, finish) = self.choices[i].finish(self.asked.max_tokens);
         let text = (!rest.is_empty()).then_some(rest.as_str());
         let piece = match (self.head.kind, text) {

@@ -31,11 +31,12 @@ type AppState = State<Arc<HttpState>>;
 
 pub fn routes(api_key: Option<Arc<str>>) -> Router<Arc<HttpState>> {
     let r = Router::new()
-        .route("/v1/models", get(list_models))
-        .route("/v1/models/{*model}", get(one_model))
-        .route("/v1/embeddings", post(embeddings::embeddings))
-        .route("/v1/completions", post(completions::completions))
-        .route("/v1/chat/completions", post(completions::chat_completions));
+        .route("/v1/models", get(list_models).fallback(wrong_method))
+        .route("/v1/models/{*model}", get(one_model).fallback(wrong_method))
+        .route("/v1/embeddings", post(embeddings::embeddings).fallback(wrong_method))
+        .route("/v1/completions", post(completions::completions).fallback(wrong_method))
+        .route("/v1/chat/completions", post(completions::chat_completions).fallback(wrong_method))
+        .route("/v1/{*rest}", axum::routing::any(no_route));
     match api_key {
         None => r,
         Some(key) => r.layer(axum::middleware::from_fn(move |req: Request, next: Next| {
@@ -100,9 +101,14 @@ fn authorized(headers: &HeaderMap, key: &str) -> bool {
     let Some(given) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) else {
         return false;
     };
-    let Some(token) = given.strip_prefix("Bearer ").map(str::trim) else {
+    // The scheme's name is case-insensitive (RFC 7235), then whitespace, then the token.
+    let Some((scheme, token)) = given.trim().split_once(char::is_whitespace) else {
         return false;
     };
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return false;
+    }
+    let token = token.trim();
     let (a, b) = (token.as_bytes(), key.as_bytes());
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -164,12 +170,39 @@ impl IntoResponse for ApiError {
 
 pub type ApiResult<T> = std::result::Result<T, ApiError>;
 
+async fn wrong_method() -> Response {
+    let message = "Method Not Allowed".to_string();
+    ApiError { status: StatusCode::METHOD_NOT_ALLOWED, message, kind: "invalid_request_error", param: None, code: None }
+        .into_response()
+}
+
+async fn no_route() -> Response {
+    let message = "Not Found".to_string();
+    ApiError { status: StatusCode::NOT_FOUND, message, kind: "invalid_request_error", param: None, code: None }
+        .into_response()
+}
+
+/// A JSON reader's complaint in the API's words rather than the server's types.
+fn plain_words(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let words = [
+        ("expected u64", "expected a non-negative integer"),
+        ("expected i64", "expected an integer"),
+        ("expected f64", "expected a number"),
+        ("data did not match any variant of untagged enum OneOrMany", "expected a string or a list of strings"),
+        ("data did not match any variant of untagged enum Input", "expected a string or a list of strings"),
+        ("expected struct ChatMessage", "expected a message object"),
+        ("expected a sequence", "expected a list"),
+    ];
+    words.iter().fold(text, |t, (from, to)| t.replace(from, to))
+}
+
 /// The body as JSON of type `T` (after the size limit and content encoding of every route).
 async fn body_json<T: serde::de::DeserializeOwned>(s: &HttpState, headers: &HeaderMap, body: Body) -> ApiResult<T> {
     let bytes = read_request(s, headers, body).await?;
     serde_json::from_slice(&bytes).map_err(|e| ApiError {
         status: StatusCode::BAD_REQUEST,
-        message: format!("the request body is not a valid request: {e}"),
+        message: format!("the request body is not a valid request: {}", plain_words(&e)),
         kind: "invalid_request_error",
         param: None,
         code: None,
@@ -254,6 +287,10 @@ mod tests {
         assert!(authorized(&h, "sk-1"));
         assert!(!authorized(&h, "sk-12"));
         assert!(!authorized(&h, "sk-2"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("bearer\tsk-1"));
+        assert!(authorized(&h, "sk-1"));
+        h.insert(header::AUTHORIZATION, HeaderValue::from_static("Bearer"));
+        assert!(!authorized(&h, "sk-1"));
         h.insert(header::AUTHORIZATION, HeaderValue::from_static("Basic sk-1"));
         assert!(!authorized(&h, "sk-1"));
     }

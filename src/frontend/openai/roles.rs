@@ -249,7 +249,12 @@ pub fn shape_for(i: &ModelInput, batching: bool, rows: usize, per_row: usize) ->
 /// One input holding a single value, converted to the input's datatype.
 pub fn scalar_input(i: &ModelInput, batching: bool, value: Scalar) -> Result<InputTensor> {
     let d = dtype(i.data_type).ok_or_else(|| Error::invalid(format!("input '{}' has no datatype", i.name)))?;
-    let shown = format!("{value:?}");
+    let shown = match &value {
+        Scalar::Bool(b) => b.to_string(),
+        Scalar::Number(v) => v.to_string(),
+        Scalar::Integer(v) => v.to_string(),
+        Scalar::Text(t) => format!("the text {t:?}"),
+    };
     let bad = || Error::invalid(format!("input '{}' ({}) cannot take {shown}", i.name, d.wire()));
     let data: Vec<u8> = match (d, value) {
         (DataType::Bool, Scalar::Bool(b)) => vec![u8::from(b)],
@@ -262,6 +267,24 @@ pub fn scalar_input(i: &ModelInput, batching: bool, value: Scalar) -> Result<Inp
         (DataType::Fp64, Scalar::Number(v)) => v.to_le_bytes().to_vec(),
         (DataType::Fp16, Scalar::Number(v)) => half::f16::from_f64(v).to_le_bytes().to_vec(),
         (DataType::Bf16, Scalar::Number(v)) => half::bf16::from_f64(v).to_le_bytes().to_vec(),
+        (DataType::Int8 | DataType::Int16 | DataType::Int32 | DataType::Int64, Scalar::Integer(v)) => {
+            let size = d.size().unwrap_or(8);
+            let (lo, hi) = (-(1i128 << (size * 8 - 1)), (1i128 << (size * 8 - 1)) - 1);
+            if !(lo..=hi).contains(&v) {
+                return Err(Error::invalid(format!("input '{}' ({}) cannot hold {v}", i.name, d.wire())));
+            }
+            v.to_le_bytes()[..size].to_vec()
+        }
+        (DataType::Uint8 | DataType::Uint16 | DataType::Uint32 | DataType::Uint64, Scalar::Integer(v)) => {
+            let size = d.size().unwrap_or(8);
+            if v < 0 || v > (1i128 << (size * 8)) - 1 {
+                return Err(Error::invalid(format!("input '{}' ({}) cannot hold {v}", i.name, d.wire())));
+            }
+            v.to_le_bytes()[..size].to_vec()
+        }
+        (DataType::Fp32 | DataType::Fp64 | DataType::Fp16 | DataType::Bf16, Scalar::Integer(v)) => {
+            return scalar_input(i, batching, Scalar::Number(v as f64));
+        }
         (DataType::Int32, Scalar::Number(v)) if v.fract() == 0.0 && v.abs() <= f64::from(i32::MAX) => {
             (v as i32).to_le_bytes().to_vec()
         }
@@ -318,6 +341,8 @@ pub fn int_sum(t: &Tensor) -> u64 {
 pub enum Scalar {
     Bool(bool),
     Number(f64),
+    /// An integer, exact (a token count, a seed).
+    Integer(i128),
     Text(String),
 }
 
@@ -386,6 +411,11 @@ mod tests {
         let x = scalar_input(&t, false, Scalar::Number(7.0)).unwrap();
         assert_eq!((x.shape.clone(), x.data.to_vec()), (vec![1, 1], 7i32.to_le_bytes().to_vec()));
         assert!(scalar_input(&t, false, Scalar::Number(1.5)).is_err());
+        let seed = input("seed", DataType::Uint64, &[1]);
+        let x = scalar_input(&seed, true, Scalar::Integer(9007199254740993)).unwrap();
+        assert_eq!(x.data.to_vec(), 9007199254740993u64.to_le_bytes().to_vec());
+        assert!(scalar_input(&seed, true, Scalar::Integer(-5)).unwrap_err().message().contains("cannot hold -5"));
+        assert!(scalar_input(&t, false, Scalar::Integer(1 << 40)).is_err());
         assert!(scalar_input(&t, false, Scalar::Text("a".into())).is_err());
     }
 }
