@@ -45,7 +45,7 @@ fn main() -> ExitCode {
 }
 
 /// `ferry tune`: warnings and errors only, so the progress bar and the report stay readable.
-async fn run_tune(config: Config, settings: tune::TuneSettings) -> ExitCode {
+async fn run_tune(config: Config, settings: ferry::config::TuneSettings) -> ExitCode {
     let filter = config.log_filter.clone().unwrap_or_else(|| "warn".to_string());
     let telemetry = telemetry::init(0, Some(&filter), config.log_format, None);
     let result = match server::Core::new(&config, None, false) {

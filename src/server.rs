@@ -14,14 +14,14 @@ use crate::{
     admission::Admission,
     backend::{Backends, Host, HostSlot, identity::IdentityBackend, onnx::OnnxBackend, python::PythonBackend},
     cache::ResponseCache,
-    config::{Category, Config, Mode, Network, Restrictions},
+    config::{Config, Mode},
     engine::{EXTENSIONS, Engine, ServerInfo, Services},
     frontend::{
         self, grpc,
         guard::AdmitLayer,
-        http::HttpState,
-        net,
-        restrict::{self, RestrictLayer},
+        http_common::HttpState,
+        net::{self, Network},
+        restrict::{self, Category, RestrictLayer, Restrictions},
         sagemaker::SageMakerState,
         vertex::VertexState,
     },
@@ -328,7 +328,7 @@ async fn listeners(
     let rules = &config.http_restricted;
     let kserve_rules = |r: axum::Router| restrict::http(r, rules, Arc::new(restrict::kserve_category));
     // The KServe v2 routes, also reached through Vertex AI's redirect header.
-    let mut kserve = frontend::http::routes(Arc::clone(&state));
+    let mut kserve = frontend::http_routes(Arc::clone(&state));
     if let Some(m) = metrics {
         kserve = kserve.merge(frontend::metrics::routes(Arc::clone(m)));
     }
@@ -357,7 +357,7 @@ async fn listeners(
     }
     if config.platform.http {
         let http = bind("HTTP KServe v2", config.http_addr).await?;
-        services.push(("HTTP", listen.http(http, kserve_rules(frontend::http::router(Arc::clone(&state))))));
+        services.push(("HTTP", listen.http(http, kserve_rules(frontend::http_router(Arc::clone(&state))))));
     }
     if config.platform.grpc {
         let grpc = bind("gRPC KServe v2", config.grpc_addr).await?;

@@ -212,7 +212,7 @@ fn fuzz_every_decoder() {
         configs,
         |i| 256 * i.len() + (4 << 20),
         |input| {
-            let _ = ferry::repository::pbtxt::parse(&String::from_utf8_lossy(input));
+            let _ = ferry::proto::pbtxt::parse(&String::from_utf8_lossy(input));
         },
     );
 
@@ -419,7 +419,7 @@ sequence_batching { max_sequence_idle_microseconds: 1000 oldest { max_candidate_
   state [ { input_name: "A" output_name: "B" data_type: TYPE_FP32 dims: [ 16 ] } ] }
 "#;
     for seed in [&hostile[..], &sequence[..]] {
-        let mut config = ferry::repository::pbtxt::parse(std::str::from_utf8(seed).unwrap()).unwrap();
+        let mut config = ferry::proto::pbtxt::parse(std::str::from_utf8(seed).unwrap()).unwrap();
         ferry::repository::config::normalize(&mut config);
         ferry::repository::config::validate(&config).unwrap();
     }
@@ -428,12 +428,12 @@ sequence_batching { max_sequence_idle_microseconds: 1000 oldest { max_candidate_
         vec![hostile.to_vec(), sequence.to_vec()],
         |i| 512 * i.len() + (8 << 20),
         |input| {
-            let Ok(mut config) = ferry::repository::pbtxt::parse(&String::from_utf8_lossy(input)) else { return };
+            let Ok(mut config) = ferry::proto::pbtxt::parse(&String::from_utf8_lossy(input)) else { return };
             ferry::repository::config::normalize(&mut config);
             if ferry::repository::config::validate(&config).is_err() {
                 return;
             }
-            let Ok(schema) = ferry::model::Schema::from_config(&config, Vec::new()) else { return };
+            let Ok(schema) = ferry::schema::Schema::from_config(&config, Vec::new()) else { return };
             let dynamic = match &config.scheduling_choice {
                 Some(ferry::proto::inference::model_config::SchedulingChoice::DynamicBatching(d)) => Some(d),
                 _ => None,

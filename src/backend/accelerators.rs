@@ -191,7 +191,7 @@ pub fn plan(config: &ModelConfig, gpu: bool, engine_cache: &Path) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::repository::pbtxt::parse;
+    use crate::proto::pbtxt::parse;
 
     fn config(extra: &str) -> ModelConfig {
         parse(&format!(

@@ -15,6 +15,9 @@ use crate::{
     tensor::{DataType, Tensor},
 };
 
+/// Most threads a runtime parameter (`intra_op_thread_count`, ...) may ask an instance for.
+pub const MAX_THREADS: usize = 1024;
+
 pub mod accelerators;
 pub mod identity;
 pub mod native;

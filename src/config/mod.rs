@@ -11,6 +11,7 @@ use clap::{ArgAction, Args, Parser, Subcommand};
 use crate::{
     backend::python::PythonSettings,
     cache::CacheSettings,
+    frontend::{net::Network, restrict::Restrictions, tls::Tls},
     metrics::MetricsSettings,
     repository::control::ControlMode,
     settings::TraceSettings,
@@ -20,18 +21,15 @@ use crate::{
 mod cache;
 mod network;
 mod platform;
-mod restrict;
 mod storage;
 mod tls;
 mod tracing;
 mod triton_flags;
 mod tune;
 
-pub use network::Network;
-pub use platform::{InferenceType, Mode, Platform, SageMakerSettings, VertexSettings};
-pub use restrict::{Category, Restrictions};
+pub use platform::{Mode, Platform};
 pub use storage::Storage;
-pub use tls::Tls;
+pub use tune::TuneSettings;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -61,7 +59,7 @@ enum Command {
 pub enum Invocation {
     Serve(Box<Config>),
     /// The engine's config (the repository, explicit model control, no listeners) and the run's.
-    Tune(Box<Config>, Box<crate::tune::TuneSettings>),
+    Tune(Box<Config>, Box<TuneSettings>),
 }
 
 impl Invocation {

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use clap::Args;
 
+use crate::frontend::net::Network;
+
 #[derive(Args, Debug, Clone)]
 pub(super) struct NetworkArgs {
     /// Open connections per listener; more are closed as they arrive.
@@ -38,20 +40,6 @@ pub(super) struct NetworkArgs {
     /// exits (tritonserver's flag).
     #[arg(long, env = "FERRY_EXIT_TIMEOUT_SECS", default_value_t = 30)]
     exit_timeout_secs: u64,
-}
-
-/// What the network flags resolve to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Network {
-    pub max_connections: usize,
-    pub header_timeout: Duration,
-    pub body_timeout: Duration,
-    pub idle_timeout: Duration,
-    pub grpc_max_input_size: usize,
-    pub grpc_max_concurrent_streams: u32,
-    pub grpc_stream_max_inflight: usize,
-    pub admission_budget: u64,
-    pub exit_timeout: Duration,
 }
 
 impl NetworkArgs {

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, Args};
 
+use crate::frontend::tls::Tls;
+
 #[derive(Args, Debug, Clone)]
 pub(super) struct TlsArgs {
     /// Serve gRPC over TLS (needs --grpc-server-cert and --grpc-server-key).
@@ -37,15 +39,6 @@ pub(super) struct TlsArgs {
     /// PEM certificates that sign accepted client certificates (mutual TLS).
     #[arg(long, env = "FERRY_HTTP_ROOT_CERT")]
     http_root_cert: Option<PathBuf>,
-}
-
-/// One listener's TLS files (read at start-up).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tls {
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    /// Mutual TLS: client certificates must chain to these roots.
-    pub client_roots: Option<PathBuf>,
 }
 
 fn one(

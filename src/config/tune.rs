@@ -5,7 +5,6 @@ use std::{collections::BTreeMap, path::PathBuf, time::Duration};
 use clap::Args;
 
 use super::invalid;
-use crate::tune::TuneSettings;
 
 #[derive(Args, Debug, Clone)]
 pub(super) struct TuneArgs {
@@ -108,4 +107,26 @@ impl TuneArgs {
             cores,
         })
     }
+}
+
+/// What the command line asks of a tuning run.
+#[derive(Debug, Clone)]
+pub struct TuneSettings {
+    pub model: String,
+    pub budget: Duration,
+    /// Where the recommended config.pbtxt goes (None: printed).
+    pub output: Option<PathBuf>,
+    /// Every point as JSON.
+    pub report: Option<PathBuf>,
+    /// p99 the recommendation must stay within, in milliseconds.
+    pub latency_target_ms: Option<f64>,
+    pub concurrency: Vec<usize>,
+    /// Shapes for inputs with variable dims (without the batch dim).
+    pub shapes: BTreeMap<String, Vec<i64>>,
+    /// Input values in perf_analyzer's JSON format (`--input-data`).
+    pub input_data: Option<serde_json::Value>,
+    pub max_instances: usize,
+    /// Requests per second the sizing note plans for.
+    pub target_rps: Option<f64>,
+    pub cores: usize,
 }

@@ -9,8 +9,8 @@ use std::{
 };
 
 use crate::{
-    model::Schema,
     proto::inference::{ModelConfig, model_config::SchedulingChoice},
+    schema::Schema,
     tensor::{DataType, shape_string},
 };
 

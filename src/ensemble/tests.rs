@@ -2,8 +2,8 @@ use std::collections::HashMap;
 
 use super::*;
 use crate::{
-    model::TensorSpec,
     proto::inference::{ModelEnsembling, model_ensembling::Step as StepConfig},
+    schema::TensorSpec,
 };
 
 fn spec(name: &str, datatype: DataType, dims: &[i64]) -> TensorSpec {

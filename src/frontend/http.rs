@@ -14,42 +14,28 @@ use axum::{
 };
 use serde_json::{Value, json};
 
-use super::{encoding, json as codec};
+use super::{
+    encoding,
+    http_common::{HttpState, error_response, header_str, read_request},
+    json as codec,
+};
 use crate::{
-    engine::{Engine, ModelMetadata, VersionStats},
+    engine::{ModelMetadata, VersionStats},
     error::Error,
-    repository::pbtxt,
+    proto::pbtxt,
     stats::Tally,
 };
 
-pub struct HttpState {
-    pub engine: Arc<Engine>,
-    /// --http-max-input-size
-    pub max_input_size: usize,
-    /// The platform's own size limit, said in 413 replies.
-    pub size_note: String,
-    /// --http-header-forward-pattern: request headers whose names match become request
-    /// parameters (case-insensitively, as Triton).
-    pub forward_headers: Option<regex::Regex>,
-    /// --openai-api-key: what the OpenAI routes ask for.
-    pub openai_api_key: Option<Arc<str>>,
-}
-
 type AppState = State<Arc<HttpState>>;
 type Params = Path<Vec<(String, String)>>;
-
-/// The KServe v2 routes with their 404/405 answers.
-pub fn router(state: Arc<HttpState>) -> Router {
-    with_fallbacks(routes(state))
-}
 
 /// Triton's answers for an unknown route (404) and a known route with another method (405).
 pub fn with_fallbacks(r: Router) -> Router {
     r.fallback(not_found).method_not_allowed_fallback(method_not_allowed)
 }
 
-/// The KServe v2 routes alone, to merge with others.
-pub fn routes(state: Arc<HttpState>) -> Router {
+/// The KServe v2 routes alone, to merge with the extensions' (`frontend::http_routes`).
+pub fn routes() -> Router<Arc<HttpState>> {
     let model_routes = |r: Router<Arc<HttpState>>, base: &str| {
         r.route(base, get(model_metadata))
             .route(&format!("{base}/ready"), get(model_ready))
@@ -63,18 +49,7 @@ pub fn routes(state: Arc<HttpState>) -> Router {
         .route("/v2", get(server_metadata))
         .route("/v2/models/stats", get(all_stats));
     let r = model_routes(r, "/v2/models/{model}");
-    let r = model_routes(r, "/v2/models/{model}/versions/{version}");
-    let openai = super::openai::routes(state.openai_api_key.clone());
-    r.merge(super::http_ext::routes()).merge(super::generate::routes()).merge(openai).with_state(state)
-}
-
-pub fn error_response(e: &Error) -> Response {
-    let status = StatusCode::from_u16(e.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    let mut r = (status, axum::Json(json!({ "error": e.message() }))).into_response();
-    if e.kind() == crate::error::ErrorKind::Overloaded {
-        r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-    }
-    r
+    model_routes(r, "/v2/models/{model}/versions/{version}")
 }
 
 fn json_response(status: StatusCode, value: &Value) -> Response {
@@ -234,10 +209,6 @@ async fn model_stats(State(s): AppState, path: Params) -> Response {
     }
 }
 
-pub fn header_str<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers.get(name).and_then(|v| v.to_str().ok())
-}
-
 async fn infer(State(s): AppState, path: Params, headers: HeaderMap, body: Body) -> Response {
     let (model, version) = match target(path) {
         Ok(t) => t,
@@ -257,30 +228,6 @@ async fn infer(State(s): AppState, path: Params, headers: HeaderMap, body: Body)
             r
         }
     }
-}
-
-/// Reads a request body under the size limit (the platform's limit named in the error) and
-/// undoes its Content-Encoding.
-pub async fn read_request(s: &HttpState, headers: &HeaderMap, body: Body) -> Result<Bytes, Error> {
-    let declared = header_str(headers, "content-length").and_then(|v| v.parse().ok());
-    let limit = |e: Error| {
-        if e.http_status() == 413 && !s.size_note.is_empty() {
-            Error::too_large(format!("{} ({})", e.message(), s.size_note))
-        } else {
-            e
-        }
-    };
-    let raw = encoding::read_body(body, declared, s.max_input_size).await.map_err(limit)?;
-    let coding = header_str(headers, "content-encoding").map(str::to_string);
-    if coding.is_none() || raw.len() < 64 << 10 {
-        return encoding::decompress(raw, coding.as_deref(), s.max_input_size).map_err(limit);
-    }
-    // Inflating up to the size limit takes long enough to stall the async workers: off them.
-    let max = s.max_input_size;
-    tokio::task::spawn_blocking(move || encoding::decompress(raw, coding.as_deref(), max))
-        .await
-        .map_err(|e| Error::internal(format!("decompression failed: {e}")))?
-        .map_err(limit)
 }
 
 /// Decodes a KServe v2 infer body (JSON, binary extension, or raw binary when `header_len` is

@@ -13,7 +13,7 @@ use axum::{
 use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
-use super::http::{HttpState, error_response};
+use super::http_common::{HttpState, error_response, read_request};
 use crate::{
     error::{Error, Result},
     repository::{control::LoadRequest, registry::IndexEntry},
@@ -142,7 +142,7 @@ fn load_request(body: &[u8]) -> Result<LoadRequest> {
 
 /// Takes bodies up to --http-max-input-size (model files travel in them), as Triton.
 async fn load(State(s): AppState, Path(model): Path<String>, headers: HeaderMap, body: Body) -> Response {
-    let result = match super::http::read_request(&s, &headers, body).await {
+    let result = match read_request(&s, &headers, body).await {
         Ok(body) => match load_request(&body) {
             Ok(req) => s.engine.repository().load(&model, req).await.map(|()| Value::Null),
             Err(e) => Err(e),

@@ -23,7 +23,21 @@ use tokio::{
 use tower::ServiceExt;
 
 use super::guard::{GuardedBody, RequestTicket};
-use crate::{admission::Admission, config::Network};
+use crate::admission::Admission;
+
+/// What the network flags resolve to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Network {
+    pub max_connections: usize,
+    pub header_timeout: Duration,
+    pub body_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub grpc_max_input_size: usize,
+    pub grpc_max_concurrent_streams: u32,
+    pub grpc_stream_max_inflight: usize,
+    pub admission_budget: u64,
+    pub exit_timeout: Duration,
+}
 
 /// Resolves once the stop signal is set.
 pub async fn stopped(stop: &mut watch::Receiver<bool>) {

@@ -4,6 +4,7 @@
 //! multi-model endpoint API (`/models` load, list, get, unload, invoke).
 use std::{
     collections::BTreeMap,
+    net::SocketAddr,
     path::{Component, Path, PathBuf},
     sync::{Arc, Mutex},
 };
@@ -20,15 +21,42 @@ use serde_json::{Value, json};
 
 use super::{
     generate,
-    http::{HttpState, error_response, header_str, infer_body_with, read_request},
+    http::infer_body_with,
+    http_common::{HttpState, error_response, header_str, read_request},
     instances, platform,
 };
 use crate::{
-    config::{InferenceType, SageMakerSettings},
     error::Error,
     repository::config::CONFIG_FILE,
     request::{ParamValue, Parameters},
 };
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SageMakerSettings {
+    pub addr: SocketAddr,
+    pub default_model: Option<String>,
+    /// `/ping` answers liveness (MME default) rather than readiness.
+    pub ping_live: bool,
+    pub multi_model: bool,
+    /// Where SageMaker extracts multi-model endpoint models (`/opt/ml/models`).
+    pub models_root: PathBuf,
+    pub max_concurrent_transforms: u32,
+    pub batch_strategy: String,
+    pub max_payload_mb: u32,
+    /// What `/invocations` does (SAGEMAKER_TRITON_INFERENCE_TYPE).
+    pub inference_type: InferenceType,
+}
+
+/// `SAGEMAKER_TRITON_INFERENCE_TYPE`: KServe v2 `infer` (the default), or the generate
+/// extension's `generate` (one JSON object) or `generate_stream` (server-sent events), or
+/// ferry's `openai` (the OpenAI API's bodies: chat, completions or embeddings).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InferenceType {
+    Infer,
+    Generate,
+    GenerateStream,
+    OpenAi,
+}
 
 pub const BINARY_CONTENT_TYPE: &str = "application/vnd.sagemaker-triton.binary+json";
 const TARGET_MODEL: &str = "x-amzn-sagemaker-target-model";
@@ -360,7 +388,7 @@ fn model_dir(url: &Path) -> Result<Archive, Error> {
         .filter(|p| p.is_dir())
         .collect();
     subdirs.sort();
-    let is_ensemble = |d: &Path| !crate::repository::startup::ensemble_steps(d, None).is_empty();
+    let is_ensemble = |d: &Path| !crate::repository::config::ensemble_steps(d, None).is_empty();
     match subdirs.as_slice() {
         [one] => Ok(Archive { model: one.clone(), parts: Vec::new() }),
         [] => Err(Error::invalid(format!("'{}' holds no model (no config.pbtxt, no version folder)", url.display()))),

@@ -1,10 +1,17 @@
 //! TLS for the listeners (rustls): the certificate chain and key of `--{http,grpc}-server-cert`
 //! / `-key`, and with mutual TLS the roots client certificates must chain to.
-use std::sync::Arc;
+use std::{path::PathBuf, sync::Arc};
 
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, pem::PemObject};
 
-use crate::config::Tls;
+/// One listener's TLS files (read at start-up).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// Mutual TLS: client certificates must chain to these roots.
+    pub client_roots: Option<PathBuf>,
+}
 
 fn read(what: &str, path: &std::path::Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("cannot read the {what} {}: {e}", path.display()))

@@ -6,7 +6,7 @@
 //! path is one of Vertex's invoke routes (`…/invoke/{path}` reaches the container as `/{path}`
 //! for a model uploaded with `invokeRoutePrefix: "/*"`): ferry's own KServe v2 and generate
 //! routes answer it, except loading, unloading and shared-memory registration.
-use std::sync::Arc;
+use std::{net::SocketAddr, sync::Arc};
 
 use axum::{
     Router,
@@ -20,10 +20,19 @@ use serde_json::json;
 use tower::ServiceExt;
 
 use super::{
-    http::{HttpState, error_response, header_str, infer_body, read_request, reply},
+    http::{infer_body, reply},
+    http_common::{HttpState, error_response, header_str, read_request},
     instances, platform,
 };
-use crate::{config::VertexSettings, error::Error};
+use crate::error::Error;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VertexSettings {
+    pub addr: SocketAddr,
+    pub health_route: String,
+    pub predict_route: String,
+    pub default_model: Option<String>,
+}
 
 pub const BINARY_CONTENT_TYPE: &str = "application/vnd.vertex-ai-triton.binary+json";
 const REDIRECT: &str = "x-vertex-ai-triton-redirect";

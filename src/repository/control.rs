@@ -8,11 +8,13 @@ use std::{
 
 use super::{
     loader::Loader,
-    pbtxt,
     registry::{IndexEntry, State},
     sources::{Found, Place, Plan, Sources},
 };
-use crate::error::{Error, Result};
+use crate::{
+    error::{Error, Result},
+    proto::pbtxt,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ControlMode {
@@ -183,7 +185,7 @@ impl ModelRepository {
         chain: &'a [String],
     ) -> futures_util::future::BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let mut steps = super::startup::ensemble_steps(dir, config);
+            let mut steps = super::config::ensemble_steps(dir, config);
             let registry = self.loader.registry();
             if steps.is_empty() {
                 return Ok(());

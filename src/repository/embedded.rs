@@ -30,7 +30,7 @@ pub fn drop_python_examples(dir: &Path) -> Vec<String> {
         .flatten()
         .filter_map(|entry| {
             let text = std::fs::read_to_string(entry.path().join("config.pbtxt")).ok()?;
-            Some((entry.file_name().to_string_lossy().to_string(), super::pbtxt::parse(&text).ok()?))
+            Some((entry.file_name().to_string_lossy().to_string(), crate::proto::pbtxt::parse(&text).ok()?))
         })
         .collect();
     let mut dropped: Vec<String> =

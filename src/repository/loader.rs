@@ -12,9 +12,10 @@ use crate::{
     backend::{Backend, Backends, Device, InstanceSpec, ModelInstance},
     ensemble::Ensemble,
     error::{Error, Result},
-    model::{ModelVersion, Runner, Schema},
+    model::{ModelVersion, Runner},
     proto::inference::{ModelConfig, model_config::SchedulingChoice},
     scheduler::{BatchPolicy, ModelContext, Policy, QueuePolicy, Scheduler, sequence},
+    schema::Schema,
     stats::Stats,
 };
 

@@ -14,7 +14,6 @@ pub mod control;
 pub mod embedded;
 pub mod layout;
 pub mod loader;
-pub mod pbtxt;
 pub mod registry;
 pub mod sources;
 pub mod startup;

@@ -454,7 +454,7 @@ impl crate::ensemble::Models for Registry {
         namespace: Option<usize>,
         name: &str,
         version: Option<u64>,
-    ) -> std::result::Result<Arc<crate::model::Schema>, String> {
+    ) -> std::result::Result<Arc<crate::schema::Schema>, String> {
         self.resolve_in(namespace, name, version)
             .map(|m| Arc::clone(&m.schema))
             .map_err(|e| format!("the composing model is not ready ({}); load it before the ensemble", e.message()))

@@ -2,42 +2,12 @@
 //! parallel), then plain models load (in parallel), then ensembles in dependency order, so an
 //! ensemble always finds its composing models loaded. In explicit mode, an ensemble named with
 //! `--load-model` brings its composing models along.
-use std::{
-    collections::BTreeMap,
-    path::{Path, PathBuf},
-    sync::Arc,
-};
+use std::{collections::BTreeMap, path::PathBuf, sync::Arc};
 
 use super::{
     config,
     control::{ControlMode, ModelRepository, say_held},
 };
-use crate::proto::inference::{ModelConfig, model_config::SchedulingChoice};
-
-/// The composing models of the ensemble whose folder is `dir` (or whose config is `config`);
-/// empty for any other model, or a config that does not read.
-pub fn ensemble_steps(dir: &Path, config: Option<&ModelConfig>) -> Vec<String> {
-    let read;
-    let cfg = match config {
-        Some(c) => c,
-        None => match config::read(dir, true) {
-            Ok(c) => {
-                read = c;
-                &read
-            }
-            Err(_) => return Vec::new(),
-        },
-    };
-    match &cfg.scheduling_choice {
-        Some(SchedulingChoice::EnsembleScheduling(es)) if cfg.platform == "ensemble" => {
-            let mut m: Vec<String> = es.step.iter().map(|s| s.model_name.clone()).collect();
-            m.sort();
-            m.dedup();
-            m
-        }
-        _ => Vec::new(),
-    }
-}
 
 impl ModelRepository {
     /// Loads what the control mode says to load at start-up; returns a line per failure.
@@ -74,8 +44,10 @@ impl ModelRepository {
             for (name, outcome) in self.stage_all(batch).await {
                 match outcome {
                     Ok(dir) => {
-                        let steps =
-                            ensemble_steps(&dir, None).iter().map(|s| self.step_key(&found, &name, s)).collect();
+                        let steps = config::ensemble_steps(&dir, None)
+                            .iter()
+                            .map(|s| self.step_key(&found, &name, s))
+                            .collect();
                         let steps: Vec<String> = match steps {
                             Ok(s) => s,
                             Err(e) => {

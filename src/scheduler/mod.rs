@@ -13,8 +13,8 @@ use tokio::sync::oneshot;
 use crate::{
     backend::ModelInstance,
     error::{Error, Result},
-    model::Schema,
     request::InferResponse,
+    schema::Schema,
     stats::Stats,
     validate::ValidatedRequest,
 };

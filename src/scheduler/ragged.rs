@@ -3,7 +3,7 @@
 //! ragged tensors, and outputs split back per request by the shape of one of its inputs.
 use crate::{
     error::{Error, Result},
-    model::{BatchInputKind, BatchInputSpec, Schema},
+    schema::{BatchInputKind, BatchInputSpec, Schema},
     tensor::{DataType, Tensor, bytes_element_offsets, element_count},
     validate::ModelTensor,
 };

@@ -20,13 +20,13 @@ use bytes::Bytes;
 
 use crate::{
     error::{Error, Result},
-    model::Schema,
     proto::inference::{
         ModelConfig, ModelInput, ModelOutput, ModelSequenceBatching,
         model_config::SchedulingChoice,
         model_sequence_batching::{StrategyChoice, control::Kind, initial_state::StateData},
     },
     request::{InferResponse, ParamValue},
+    schema::Schema,
     tensor::DataType,
     validate::{ModelTensor, OutputRequest, ValidatedRequest},
 };

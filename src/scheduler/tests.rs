@@ -5,7 +5,7 @@ use bytes::Bytes;
 use super::*;
 use crate::{
     backend::{BackendInput, ModelInstance},
-    model::{Schema, TensorSpec},
+    schema::{Schema, TensorSpec},
     tensor::{DataType, Tensor},
     validate::{ModelTensor, OutputRequest},
 };

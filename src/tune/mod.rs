@@ -4,7 +4,6 @@
 //! counts, intra-op threads, batch sizes and queue delays, within a time budget. Reports every
 //! point, and writes the best config within the latency target as a complete config.pbtxt.
 use std::{
-    collections::BTreeMap,
     net::SocketAddr,
     path::PathBuf,
     sync::Arc,
@@ -15,10 +14,11 @@ use tokio::{net::TcpListener, sync::watch};
 
 use crate::{
     backend::Device,
-    config::Config,
-    frontend::{self, http::HttpState, net},
+    config::{Config, TuneSettings},
+    frontend::{self, http_common::HttpState, net},
     proto::inference::model_config::SchedulingChoice,
-    repository::{control::LoadRequest, pbtxt},
+    proto::pbtxt,
+    repository::control::LoadRequest,
     server::Core,
 };
 
@@ -30,28 +30,6 @@ mod request;
 mod search;
 
 use search::{Measured, Point};
-
-/// What the command line asks of a tuning run.
-#[derive(Debug, Clone)]
-pub struct TuneSettings {
-    pub model: String,
-    pub budget: Duration,
-    /// Where the recommended config.pbtxt goes (None: printed).
-    pub output: Option<PathBuf>,
-    /// Every point as JSON.
-    pub report: Option<PathBuf>,
-    /// p99 the recommendation must stay within, in milliseconds.
-    pub latency_target_ms: Option<f64>,
-    pub concurrency: Vec<usize>,
-    /// Shapes for inputs with variable dims (without the batch dim).
-    pub shapes: BTreeMap<String, Vec<i64>>,
-    /// Input values in perf_analyzer's JSON format (`--input-data`).
-    pub input_data: Option<serde_json::Value>,
-    pub max_instances: usize,
-    /// Requests per second the sizing note plans for.
-    pub target_rps: Option<f64>,
-    pub cores: usize,
-}
 
 /// Splits the budget: a share for the ceiling, the rest evenly over the planned points.
 struct Plan {
@@ -81,7 +59,7 @@ async fn listen(config: &Config, core: &Core) -> Result<(SocketAddr, watch::Send
         openai_api_key: None,
     });
     let (stop, stopped) = watch::channel(false);
-    let app = frontend::http::router(state);
+    let app = frontend::http_router(state);
     tokio::spawn(net::serve_http(listener, app, config.network.clone(), Arc::clone(&core.admission), None, stopped));
     core.engine.set_serving();
     Ok((addr, stop))

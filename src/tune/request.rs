@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 
 use crate::{
-    model::Schema,
     request::{InferRequest, InputTensor},
+    schema::Schema,
     tensor::{DataType, element_count, shape_string},
 };
 

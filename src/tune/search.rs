@@ -216,7 +216,7 @@ mod tests {
 
     #[test]
     fn config_for_replaces_only_what_is_tuned() {
-        let base = crate::repository::pbtxt::parse(
+        let base = crate::proto::pbtxt::parse(
             r#"name: "m" backend: "onnxruntime" max_batch_size: 4
 input [ { name: "x" data_type: TYPE_FP32 dims: [ 3 ] } ]
 output [ { name: "y" data_type: TYPE_FP32 dims: [ 3 ] } ]

@@ -154,10 +154,10 @@ impl OnnxBackend {
             match param(key).map(str::trim) {
                 None | Some("" | "0") => Ok(None),
                 Some(v) => match v.parse::<usize>() {
-                    Ok(n) if n <= crate::repository::config::MAX_THREADS => Ok(Some(n)),
+                    Ok(n) if n <= crate::backend::MAX_THREADS => Ok(Some(n)),
                     _ => Err(Error::invalid(format!(
                         "parameter '{key}' is '{v}'; expected a thread count from 0 (ONNX Runtime's choice) to {}",
-                        crate::repository::config::MAX_THREADS
+                        crate::backend::MAX_THREADS
                     ))),
                 },
             }

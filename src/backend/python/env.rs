@@ -29,7 +29,7 @@ fn unpack(archive: &Path, size: u64, envs: &Path) -> std::result::Result<PathBuf
         .and_then(|m| m.modified())
         .map(|t| t.duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()))
         .unwrap_or(0);
-    let key = crate::repository::storage::md5_hex(&format!("{}:{size}:{modified}", archive.display()));
+    let key = format!("{:x}", <md5::Md5 as md5::Digest>::digest(format!("{}:{size}:{modified}", archive.display())));
     let dest = envs.join(&key);
     if dest.join(".ferry-unpacked").is_file() {
         return Ok(dest);

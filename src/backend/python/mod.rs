@@ -17,7 +17,7 @@ use crate::{
     backend::{Backend, Device, HostSlot, InstanceSpec, ModelInstance, ModelIo},
     error::{Error, Result},
     proto::inference::ModelConfig,
-    repository::pbtxt,
+    proto::pbtxt,
 };
 
 mod bls;

@@ -16,7 +16,7 @@ use axum::{
 use serde_json::{Value, json};
 
 use super::{
-    http::{HttpState, error_response, read_request},
+    http_common::{HttpState, error_response, read_request},
     instances,
 };
 use crate::{

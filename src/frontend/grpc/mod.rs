@@ -9,9 +9,8 @@ use tonic::{Code, Request, Response, Status, Streaming, codec::CompressionEncodi
 
 use prost::Message;
 
-use super::guard::RequestTicket;
+use super::{guard::RequestTicket, net::Network};
 use crate::{
-    config::Network,
     engine::Engine,
     error::Error,
     proto::{

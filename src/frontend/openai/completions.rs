@@ -27,7 +27,7 @@ use super::{
 use crate::{
     engine::ResponseStream,
     error::Error,
-    frontend::{http::HttpState, platform::random_u64},
+    frontend::{http_common::HttpState, platform::random_u64},
     request::{InferRequest, InputTensor, ParamValue, Parameters, StreamItem},
     tensor::{DataType, bytes_elements, push_bytes_element},
 };

@@ -20,7 +20,7 @@ use super::{
     roles::{self, Operation, Roles},
 };
 use crate::{
-    frontend::http::HttpState,
+    frontend::http_common::HttpState,
     request::{InferRequest, InputTensor, RequestedOutput},
     tensor::{DataType, Tensor, push_bytes_element},
 };

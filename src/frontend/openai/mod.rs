@@ -17,7 +17,7 @@ use axum::{
 };
 use serde_json::{Value, json};
 
-use super::http::{HttpState, read_request};
+use super::http_common::{HttpState, read_request};
 use crate::error::{Error, ErrorKind};
 
 mod completions;

@@ -49,7 +49,7 @@ fn validate_batch_io(cfg: &ModelConfig) -> Result<(), String> {
     let known_input = |name: &str| cfg.input.iter().any(|i| i.name == name);
     let mut targets: Vec<&str> = Vec::new();
     for b in &cfg.batch_input {
-        let kind = crate::model::BatchInputKind::from_config(b.kind)
+        let kind = crate::schema::BatchInputKind::from_config(b.kind)
             .ok_or_else(|| format!("batch input kind {} is not a known kind", b.kind))?;
         if b.source_input.len() != 1 {
             return Err(format!(
@@ -200,8 +200,6 @@ fn check_ensemble(cfg: &ModelConfig) -> Result<(), String> {
 pub const MAX_INSTANCES: i64 = 128;
 /// Most priority levels (each is a queue the batcher looks at for every batch).
 pub const MAX_PRIORITY_LEVELS: u64 = 1024;
-/// Most threads a runtime parameter (`intra_op_thread_count`, ...) may ask an instance for.
-pub const MAX_THREADS: usize = 1024;
 /// Most bytes one warm-up sample may allocate, and most runs of one sample.
 pub const MAX_WARMUP_BYTES: u64 = 1 << 30;
 pub const MAX_WARMUP_RUNS: u32 = 100_000;

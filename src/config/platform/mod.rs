@@ -1,8 +1,12 @@
 //! Which platform ferry runs on, and what that platform's environment decides: Vertex AI
 //! (`AIP_*`), SageMaker (`serve`, `SAGEMAKER_*`, `/opt/ml`), or plain KServe v2. Flags override.
-use std::{net::SocketAddr, path::PathBuf};
+use std::net::SocketAddr;
 
 use super::ServeArgs;
+use crate::frontend::{
+    sagemaker::{InferenceType, SageMakerSettings},
+    vertex::VertexSettings,
+};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
@@ -19,41 +23,6 @@ impl Mode {
             Mode::SageMaker => "sagemaker",
         }
     }
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct VertexSettings {
-    pub addr: SocketAddr,
-    pub health_route: String,
-    pub predict_route: String,
-    pub default_model: Option<String>,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SageMakerSettings {
-    pub addr: SocketAddr,
-    pub default_model: Option<String>,
-    /// `/ping` answers liveness (MME default) rather than readiness.
-    pub ping_live: bool,
-    pub multi_model: bool,
-    /// Where SageMaker extracts multi-model endpoint models (`/opt/ml/models`).
-    pub models_root: PathBuf,
-    pub max_concurrent_transforms: u32,
-    pub batch_strategy: String,
-    pub max_payload_mb: u32,
-    /// What `/invocations` does (SAGEMAKER_TRITON_INFERENCE_TYPE).
-    pub inference_type: InferenceType,
-}
-
-/// `SAGEMAKER_TRITON_INFERENCE_TYPE`: KServe v2 `infer` (the default), or the generate
-/// extension's `generate` (one JSON object) or `generate_stream` (server-sent events), or
-/// ferry's `openai` (the OpenAI API's bodies: chat, completions or embeddings).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum InferenceType {
-    Infer,
-    Generate,
-    GenerateStream,
-    OpenAi,
 }
 
 /// Everything the platform decides, resolved once.

@@ -9,7 +9,9 @@ use std::{
 
 use axum::{Router, http::StatusCode, response::IntoResponse};
 
-use crate::config::{Category, Restrictions};
+mod rules;
+
+pub use rules::{Category, GRPC_HEADER_PREFIX, Restrictions};
 
 /// Which category a KServe v2 HTTP route belongs to (None: not restricted, e.g. metrics),
 /// read segment by segment so that a model's name never decides it.

@@ -205,7 +205,7 @@ impl Engine {
             None => self.registry.serving(Some(name)).iter().map(|m| m.version).collect(),
         };
         let schema = &model.schema;
-        let meta = |specs: &[crate::model::TensorSpec]| {
+        let meta = |specs: &[crate::schema::TensorSpec]| {
             specs
                 .iter()
                 .map(|s| TensorMetadata { name: s.name.clone(), datatype: s.datatype, shape: schema.client_shape(s) })

@@ -4,7 +4,7 @@
 use miette::Diagnostic;
 use prost_reflect::{DeserializeOptions, DynamicMessage, MessageDescriptor, SerializeOptions};
 
-use crate::proto::{DESCRIPTORS, inference::ModelConfig};
+use super::{DESCRIPTORS, inference::ModelConfig};
 
 fn descriptor() -> MessageDescriptor {
     DESCRIPTORS.get_message_by_name("inference.ModelConfig").expect("ModelConfig is in proto/")

@@ -5,8 +5,8 @@ use bytes::Bytes;
 use crate::{
     device::DeviceBytes,
     error::{Error, Result},
-    model::{Schema, TensorSpec},
     request::{InferRequest, InputTensor, ParamValue, Parameters},
+    schema::{Schema, TensorSpec},
     tensor::{DataType, count_bytes_elements, element_count, shape_string},
 };
 

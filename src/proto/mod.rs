@@ -3,6 +3,8 @@ use std::sync::LazyLock;
 
 use prost_reflect::DescriptorPool;
 
+pub mod pbtxt;
+
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
 pub mod inference {
     include!(concat!(env!("OUT_DIR"), "/inference.rs"));

@@ -3,13 +3,15 @@
 //! Errors name the field and the values involved.
 use std::path::Path;
 
-use super::pbtxt;
 use crate::{
     backend::{ModelIo, TensorInfo},
-    proto::inference::{
-        ModelConfig, ModelDynamicBatching, ModelInput, ModelInstanceGroup, ModelOutput, ModelSequenceBatching,
-        ModelTensorReshape, ModelVersionPolicy, model_config::SchedulingChoice, model_instance_group::Kind,
-        model_version_policy,
+    proto::{
+        inference::{
+            ModelConfig, ModelDynamicBatching, ModelInput, ModelInstanceGroup, ModelOutput, ModelSequenceBatching,
+            ModelTensorReshape, ModelVersionPolicy, model_config::SchedulingChoice, model_instance_group::Kind,
+            model_version_policy,
+        },
+        pbtxt,
     },
     tensor::{DataType, shape_string},
 };
@@ -261,9 +263,33 @@ pub fn normalize_with(cfg: &mut ModelConfig, gpus: &[i32]) {
 
 mod checks;
 pub use checks::{
-    MAX_INSTANCES, MAX_PRIORITY_LEVELS, MAX_THREADS, MAX_WARMUP_BYTES, MAX_WARMUP_RUNS, Scalars, check_against_model,
-    validate,
+    MAX_INSTANCES, MAX_PRIORITY_LEVELS, MAX_WARMUP_BYTES, MAX_WARMUP_RUNS, Scalars, check_against_model, validate,
 };
+
+/// The composing models of the ensemble whose folder is `dir` (or whose config is `config`);
+/// empty for any other model, or a config that does not read.
+pub fn ensemble_steps(dir: &Path, config: Option<&ModelConfig>) -> Vec<String> {
+    let parsed;
+    let cfg = match config {
+        Some(c) => c,
+        None => match read(dir, true) {
+            Ok(c) => {
+                parsed = c;
+                &parsed
+            }
+            Err(_) => return Vec::new(),
+        },
+    };
+    match &cfg.scheduling_choice {
+        Some(SchedulingChoice::EnsembleScheduling(es)) if cfg.platform == "ensemble" => {
+            let mut m: Vec<String> = es.step.iter().map(|s| s.model_name.clone()).collect();
+            m.sort();
+            m.dedup();
+            m
+        }
+        _ => Vec::new(),
+    }
+}
 
 #[cfg(test)]
 mod tests;
