@@ -14,14 +14,26 @@ fn main() {
     let fds = protox::compile(PROTOS, ["proto"]).expect("compile proto/ with protox");
     let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
     fs::write(out.join("ferry_descriptor.bin"), fds.encode_to_vec()).expect("write descriptor set");
+    // The messages (plain data, `crate::proto`), then the gRPC services alone (tonic, for
+    // `frontend::grpc`), which name the messages where they live.
     tonic_prost_build::configure()
         .build_client(false)
-        .build_server(true)
+        .build_server(false)
         // Tensor bytes stay `Bytes`: decoded without a copy, sliced into tensors as they are.
         .bytes(".inference.ModelInferRequest.raw_input_contents")
         .bytes(".inference.ModelInferResponse.raw_output_contents")
-        .compile_fds(fds)
+        .compile_fds(fds.clone())
         .expect("generate Rust from proto/");
+    let services = out.join("services");
+    fs::create_dir_all(&services).expect("create the services folder");
+    tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(true)
+        .out_dir(&services)
+        .extern_path(".inference", "crate::proto::inference")
+        .extern_path(".grpc.health.v1", "crate::proto::health")
+        .compile_fds(fds)
+        .expect("generate the gRPC services from proto/");
 }
 
 /// Lists every file of the example model folders in examples/ so the binary can serve them with no

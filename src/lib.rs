@@ -7,7 +7,7 @@
 //! into loaded, ready model versions.
 //!
 //! The modules in four layers; an import points only to its own layer or a lower one, and never
-//! in a circle (tests/architecture.rs keeps it so):
+//! in a circle (tests/architecture/ keeps it so):
 //!
 //! - **data**, plain types and rules everything may use: `tensor`, `schema` (a model's tensor
 //!   schema), `request`, `error`, `names`, `device`, `proto` (the generated types and

@@ -1,4 +1,6 @@
-//! Types generated from proto/ (package `inference`), and the descriptor pool that reflection needs.
+//! The message types generated from proto/ (packages `inference` and `grpc.health.v1`; the gRPC
+//! services are generated apart, for `frontend::grpc`), the descriptor pool that reflection needs,
+//! and config.pbtxt's text format.
 use std::sync::LazyLock;
 
 use prost_reflect::DescriptorPool;

@@ -71,6 +71,25 @@ output [ { name: "text_output" data_type: TYPE_STRING dims: [ 1 ] } ]
 """
 
 
+# The example pipeline without its tokenizer: token ids and their mask in, the embedding out.
+TOKEN_EMBEDDING = """
+name: "token_embedding"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "input_ids" data_type: TYPE_INT64 dims: [ 16 ] }, { name: "attention_mask" data_type: TYPE_INT64 dims: [ 16 ] } ]
+output [ { name: "EMBEDDING" data_type: TYPE_FP32 dims: [ 8 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "text_embedding_onnx" model_version: -1
+      input_map { key: "input_ids" value: "input_ids" } output_map { key: "HIDDEN" value: "hidden" } },
+    { model_name: "text_embedding_pool" model_version: -1
+      input_map { key: "HIDDEN" value: "hidden" } input_map { key: "MASK" value: "attention_mask" }
+      output_map { key: "EMBEDDING" value: "EMBEDDING" } }
+  ]
+}
+"""
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     repo = str(tmp_path_factory.mktemp("openai"))
@@ -81,6 +100,8 @@ def server(tmp_path_factory):
     models.write(os.path.join(repo, "words_hf", "tokenizer_config.json"), json.dumps({
         "chat_template": "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }} {% endfor %}",
         "bos_token": {"content": "<s>"}}))
+    models.write(os.path.join(repo, "token_embedding", "config.pbtxt"), TOKEN_EMBEDDING)
+    os.makedirs(os.path.join(repo, "token_embedding", "1"))
     with Server(["--model-repository", EXAMPLES, "--model-repository", repo]) as s:
         yield s
 
@@ -122,6 +143,43 @@ def test_embeddings_equal_the_kserve_result(server):
     assert got.usage.prompt_tokens == sum(len(t.split()) for t in texts)
     one = client(server).embeddings.create(model="text_embedding", input="red fire")
     np.testing.assert_allclose(one.data[0].embedding, want[0], rtol=1e-6)
+
+
+def token_ids(server, texts):
+    """The example tokenizer's ids of each text, its padding cut off."""
+    c = httpclient.InferenceServerClient(server.url)
+    arrays = []
+    for text in texts:
+        i = httpclient.InferInput("TEXT", [1, 1], "BYTES")
+        i.set_data_from_numpy(np.array([[text.encode()]], dtype=np.object_))
+        out = c.infer("text_embedding_tokens", [i])
+        ids, mask = out.as_numpy("input_ids")[0], out.as_numpy("attention_mask")[0]
+        arrays.append(ids[mask == 1].tolist())
+    return arrays
+
+
+def test_embeddings_of_token_arrays(server):
+    texts = ["red fire", "the sky and the ocean", "snow", "green leaf grass", "coal at night", "milk",
+             "blue", "tomato", "white snow"]
+    arrays = token_ids(server, texts)
+    assert all(arrays) and len({len(a) for a in arrays}) > 1
+    got = client(server).embeddings.create(model="token_embedding", input=arrays, encoding_format="float")
+    np.testing.assert_allclose(np.array([d.embedding for d in got.data]), kserve_embeddings(server, texts), rtol=1e-6)
+    assert got.usage.prompt_tokens == sum(len(a) for a in arrays)
+    one = client(server).embeddings.create(model="token_embedding", input=arrays[1])
+    np.testing.assert_allclose(one.data[0].embedding, kserve_embeddings(server, texts[1:2])[0], rtol=1e-6)
+    c = client(server)
+    with pytest.raises(openai.BadRequestError, match=r"input\[1\] holds 17 tokens; the model takes at most 16"):
+        c.embeddings.create(model="token_embedding", input=[[2], [2] * 17])
+    with pytest.raises(openai.BadRequestError, match=r"input\[0\] holds no tokens"):
+        c.embeddings.create(model="token_embedding", input=[[]])
+    with pytest.raises(openai.BadRequestError, match="token -1; token ids are not negative"):
+        c.embeddings.create(model="token_embedding", input=[[2], [3, -1]])
+    with pytest.raises(openai.BadRequestError, match="takes token arrays, not text"):
+        c.embeddings.create(model="token_embedding", input="red")
+    with pytest.raises(openai.BadRequestError, match="takes text, not token arrays"):
+        c.embeddings.create(model="text_embedding", input=[[2, 3]])
+    assert "token_embedding" in {m.id for m in c.models.list()}
 
 
 def test_embeddings_in_base64(server):

@@ -9,13 +9,15 @@ use tonic::{Code, Request, Response, Status, Streaming, codec::CompressionEncodi
 
 use prost::Message;
 
+use services::{health::health_server, inference::grpc_inference_service_server as service};
+
 use super::{guard::RequestTicket, net::Network};
 use crate::{
     engine::Engine,
     error::Error,
     proto::{
-        health::{HealthCheckRequest, HealthCheckResponse, health_check_response::ServingStatus, health_server},
-        inference::{self as pb, grpc_inference_service_server as service},
+        health::{HealthCheckRequest, HealthCheckResponse, health_check_response::ServingStatus},
+        inference as pb,
     },
     request::{Charge, parse_version},
 };
@@ -23,6 +25,7 @@ use crate::{
 mod admin;
 pub mod convert;
 pub mod deadline;
+mod services;
 
 fn status(e: Error) -> Status {
     Status::new(Code::from_i32(e.grpc_code()), e.message())

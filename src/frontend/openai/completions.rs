@@ -270,8 +270,9 @@ fn request(model: &str, r: &Roles, prompt: &str, s: &Sampling, asked: &Asked) ->
     let batching = r.max_batch_size > 0;
     let mut data = Vec::with_capacity(prompt.len() + 4);
     push_bytes_element(&mut data, prompt.as_bytes());
-    let shape = roles::shape_for(&r.text_input, batching, 1, 1).map_err(|e| ApiError::bad(e.message(), "prompt"))?;
-    let mut inputs = vec![InputTensor::host(r.text_input.name.clone(), DataType::Bytes, shape, Bytes::from(data))];
+    let text_input = r.text_input.as_ref().ok_or_else(|| ApiError::bad("the model takes no text", "model"))?;
+    let shape = roles::shape_for(text_input, batching, 1, 1).map_err(|e| ApiError::bad(e.message(), "prompt"))?;
+    let mut inputs = vec![InputTensor::host(text_input.name.clone(), DataType::Bytes, shape, Bytes::from(data))];
     let mut parameters = Parameters::new();
     let passed = |k: &&String| !NOT_PASSED.contains(&k.as_str()) && !k.starts_with("triton_");
     for (k, v) in s.extra.iter().filter(|(k, _)| passed(k)).take(MAX_EXTRA) {

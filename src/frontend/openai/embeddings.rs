@@ -33,8 +33,24 @@ const MAX_INPUTS: usize = 2048;
 enum Input {
     One(String),
     Many(Vec<String>),
-    /// Token arrays, or anything else.
+    Tokens(Vec<i64>),
+    ManyTokens(Vec<Vec<i64>>),
     Other(serde::de::IgnoredAny),
+}
+
+/// What one request embeds: texts, or token arrays.
+enum Prompts {
+    Texts(Vec<String>),
+    Tokens(Vec<Vec<i64>>),
+}
+
+impl Prompts {
+    fn len(&self) -> usize {
+        match self {
+            Prompts::Texts(t) => t.len(),
+            Prompts::Tokens(t) => t.len(),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -67,31 +83,36 @@ async fn answer(s: &HttpState, headers: &HeaderMap, body: Body) -> ApiResult<Res
             ));
         }
     };
-    let texts = match req.input {
+    let prompts = match req.input {
         None => return Err(ApiError::bad("'input' is a required property", "input")),
-        Some(Input::One(t)) => vec![t],
-        Some(Input::Many(t)) => t,
+        Some(Input::One(t)) => Prompts::Texts(vec![t]),
+        Some(Input::Many(t)) => Prompts::Texts(t),
+        Some(Input::Tokens(t)) => Prompts::Tokens(vec![t]),
+        Some(Input::ManyTokens(t)) => Prompts::Tokens(t),
         Some(Input::Other(_)) => {
             return Err(ApiError::bad(
-                "'input' must be a string or a list of strings (token arrays are not supported: the models take text)",
+                "'input' must be a string, a list of strings, a token array or a list of token arrays",
                 "input",
             ));
         }
     };
-    if texts.is_empty() {
+    if prompts.len() == 0 {
         return Err(ApiError::bad("'input' must hold at least one text", "input"));
     }
-    if texts.len() > MAX_INPUTS {
-        return Err(ApiError::bad(format!("'input' holds {} texts, more than {MAX_INPUTS}", texts.len()), "input"));
+    if prompts.len() > MAX_INPUTS {
+        return Err(ApiError::bad(format!("'input' holds {} inputs, more than {MAX_INPUTS}", prompts.len()), "input"));
     }
     let r = model_roles(s, &req.model, Operation::Embeddings)?;
-    let batches = batches(&req.model, &r, &texts)?;
+    let batches = match &prompts {
+        Prompts::Texts(texts) => batches(&req.model, &r, texts)?,
+        Prompts::Tokens(arrays) => token_batches(&req.model, &r, arrays)?,
+    };
     let runs = batches.into_iter().map(|(rows, request)| {
         let engine = Arc::clone(&s.engine);
         async move { engine.infer(request).await.map(|resp| (rows, resp.outputs)) }
     });
     let results = futures_util::future::try_join_all(runs).await?;
-    let mut vectors: Vec<Vec<f32>> = Vec::with_capacity(texts.len());
+    let mut vectors: Vec<Vec<f32>> = Vec::with_capacity(prompts.len());
     let mut prompt_tokens = 0u64;
     for (rows, outputs) in results {
         let out = find(&outputs, &r.output)?;
@@ -106,9 +127,12 @@ async fn answer(s: &HttpState, headers: &HeaderMap, body: Body) -> ApiResult<Res
         }
         let per = values.len() / rows;
         vectors.extend(values.chunks_exact(per).map(<[f32]>::to_vec));
-        if let Some(count) = &r.prompt_tokens {
+        if let (Some(count), Prompts::Texts(_)) = (&r.prompt_tokens, &prompts) {
             prompt_tokens += find(&outputs, count).map(roles::int_sum).unwrap_or(0);
         }
+    }
+    if let Prompts::Tokens(arrays) = &prompts {
+        prompt_tokens = arrays.iter().map(|a| a.len() as u64).sum();
     }
     if let Some(d) = req.dimensions {
         let width = vectors.first().map_or(0, Vec::len);
@@ -149,8 +173,11 @@ fn find<'a>(outputs: &'a [Tensor], name: &str) -> ApiResult<&'a Tensor> {
 /// The engine requests for `texts`: as many rows each as the model batches (one request of all
 /// of them for a model that does not batch but takes a variable count of texts).
 fn batches(model: &str, r: &Roles, texts: &[String]) -> ApiResult<Vec<(usize, InferRequest)>> {
+    let text_input = r.text_input.as_ref().ok_or_else(|| {
+        ApiError::bad(format!("model '{model}' takes token arrays, not text: send 'input' as token ids"), "input")
+    })?;
     let batching = r.max_batch_size > 0;
-    let variable = r.text_input.dims.iter().any(|d| *d < 0);
+    let variable = text_input.dims.iter().any(|d| *d < 0);
     let per_request = if batching {
         r.max_batch_size
     } else if variable {
@@ -170,21 +197,40 @@ fn batches(model: &str, r: &Roles, texts: &[String]) -> ApiResult<Vec<(usize, In
                 push_bytes_element(&mut data, t.as_bytes());
             }
             let shape = if batching {
-                roles::shape_for(&r.text_input, true, chunk.len(), 1)
+                roles::shape_for(text_input, true, chunk.len(), 1)
             } else {
-                roles::shape_for(&r.text_input, false, 1, chunk.len())
+                roles::shape_for(text_input, false, 1, chunk.len())
             }
             .map_err(|e| ApiError::bad(e.message(), "input"))?;
-            let input = InputTensor::host(r.text_input.name.clone(), DataType::Bytes, shape, Bytes::from(data));
-            let request = InferRequest {
-                model_name: model.to_string(),
-                inputs: vec![input],
-                outputs: outputs.clone(),
-                ..Default::default()
-            };
-            Ok((chunk.len(), request))
+            let input = InputTensor::host(text_input.name.clone(), DataType::Bytes, shape, Bytes::from(data));
+            Ok((chunk.len(), request(model, vec![input], outputs.clone())))
         })
         .collect()
+}
+
+/// The engine requests for token arrays, padded per request (see `tokens`).
+fn token_batches(model: &str, r: &Roles, arrays: &[Vec<i64>]) -> ApiResult<Vec<(usize, InferRequest)>> {
+    let tokens = r.tokens.as_ref().ok_or_else(|| {
+        ApiError::bad(
+            format!("model '{model}' takes text, not token arrays (its config names no openai_token_input)"),
+            "input",
+        )
+    })?;
+    let per_request = tokens.rows_per_request(r.max_batch_size, arrays.len());
+    let outputs = vec![RequestedOutput { name: r.output.clone(), ..Default::default() }];
+    arrays
+        .chunks(per_request)
+        .enumerate()
+        .map(|(k, chunk)| {
+            let inputs =
+                tokens.inputs(chunk, k * per_request, r.max_batch_size > 0).map_err(|e| ApiError::bad(e, "input"))?;
+            Ok((chunk.len(), request(model, inputs, outputs.clone())))
+        })
+        .collect()
+}
+
+fn request(model: &str, inputs: Vec<InputTensor>, outputs: Vec<RequestedOutput>) -> InferRequest {
+    InferRequest { model_name: model.to_string(), inputs, outputs, ..Default::default() }
 }
 
 /// The response body, written directly (a float as its shortest FP32 text, as OpenAI's).

@@ -22,8 +22,10 @@ use crate::error::{Error, ErrorKind};
 
 mod completions;
 mod embeddings;
+mod fields;
 pub mod roles;
 mod template;
+mod tokens;
 
 use roles::Roles;
 

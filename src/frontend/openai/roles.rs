@@ -4,9 +4,14 @@
 //! `openai_token_count_output`), else they are inferred from names, so that a classifier is
 //! never taken for a chat model: text in (the BYTES input `text_input`, else the only BYTES
 //! input) and a BYTES output `text_output` (Triton's LLM models' names) is a completions model;
-//! text in and one floating-point output named like `*embed*` is an embeddings model.
+//! text in and one floating-point output named like `*embed*` is an embeddings model. An
+//! embeddings model may take token ids instead of (or besides) text: see `tokens`.
 use bytes::Bytes;
 
+use super::{
+    fields::{dtype, is_float, is_int, param},
+    tokens::TokenInputs,
+};
 use crate::{
     error::{Error, Result},
     model::ChatTemplate,
@@ -52,7 +57,10 @@ const PROMPT_COUNT_OUTPUTS: &[&str] = &["num_input_tokens", "token_count", "atte
 #[derive(Debug, Clone)]
 pub struct Roles {
     pub operation: Operation,
-    pub text_input: ModelInput,
+    /// The text input; a completions model always has one.
+    pub text_input: Option<ModelInput>,
+    /// The token-id inputs, for embeddings of token arrays.
+    pub tokens: Option<TokenInputs>,
     /// The embedding (embeddings) or the text (completions).
     pub output: String,
     /// An output whose elements add up to the prompt's tokens.
@@ -70,34 +78,6 @@ pub struct Roles {
     pub eos_token: String,
     /// The model's other inputs the front-end may fill (by name, as the config declares them).
     pub extra_inputs: Vec<ModelInput>,
-}
-
-fn param<'a>(c: &'a ModelConfig, key: &str) -> Option<&'a str> {
-    c.parameters.get(key).map(|p| p.string_value.trim()).filter(|v| !v.is_empty())
-}
-
-fn dtype(data_type: i32) -> Option<DataType> {
-    DataType::from_config(data_type)
-}
-
-fn is_float(d: Option<DataType>) -> bool {
-    matches!(d, Some(DataType::Fp32 | DataType::Fp16 | DataType::Bf16 | DataType::Fp64))
-}
-
-fn is_int(d: Option<DataType>) -> bool {
-    matches!(
-        d,
-        Some(
-            DataType::Int8
-                | DataType::Int16
-                | DataType::Int32
-                | DataType::Int64
-                | DataType::Uint8
-                | DataType::Uint16
-                | DataType::Uint32
-                | DataType::Uint64
-        )
-    )
 }
 
 /// The one item `pick` finds among `names`, preferring `preferred`; None when none or several.
@@ -138,8 +118,18 @@ impl Roles {
         };
         let text_input = text_input
             .and_then(|n| c.input.iter().find(|i| i.name == n && dtype(i.data_type) == Some(DataType::Bytes)))
-            .ok_or_else(|| refuse("it has no single text (BYTES) input; name it with openai_text_input".into()))?
-            .clone();
+            .cloned();
+        if let (Some(n), None) = (param(c, "openai_text_input"), &text_input) {
+            return Err(refuse(format!("openai_text_input '{n}' is not a BYTES input")));
+        }
+        let mut tokens = TokenInputs::of(c).map_err(refuse)?;
+        if text_input.is_none() && tokens.is_none() {
+            return Err(refuse(
+                "it has neither a single text (BYTES) input nor a token input 'input_ids'; name one with \
+                 openai_text_input or openai_token_input"
+                    .into(),
+            ));
+        }
         let text_outputs =
             c.output.iter().filter(|o| dtype(o.data_type) == Some(DataType::Bytes)).map(|o| o.name.as_str());
         let float_outputs = c.output.iter().filter(|o| is_float(dtype(o.data_type))).map(|o| o.name.as_str());
@@ -171,6 +161,14 @@ impl Roles {
             .filter(|n| c.output.iter().any(|o| o.name == *n))
             .ok_or_else(|| refuse(format!("no output plays the {} part", operation.name())))?
             .to_string();
+        if operation == Operation::Completions {
+            tokens = None;
+        }
+        if operation == Operation::Completions && text_input.is_none() {
+            return Err(refuse(
+                "a completions model needs a text (BYTES) input; name it with openai_text_input".into(),
+            ));
+        }
         let int_output = |names: &[&str]| {
             c.output
                 .iter()
@@ -181,7 +179,10 @@ impl Roles {
             Some(n) => Some(n.to_string()),
             None => int_output(PROMPT_COUNT_OUTPUTS),
         };
-        let extra_inputs: Vec<ModelInput> = c.input.iter().filter(|i| i.name != text_input.name).cloned().collect();
+        let prompt = |i: &ModelInput| {
+            text_input.as_ref().is_some_and(|t| t.name == i.name) || tokens.as_ref().is_some_and(|t| t.fills(&i.name))
+        };
+        let extra_inputs: Vec<ModelInput> = c.input.iter().filter(|i| !prompt(i)).cloned().collect();
         for i in &extra_inputs {
             let filled = operation == Operation::Completions && GENERATION_INPUTS.contains(&i.name.as_str());
             if !i.optional && !filled {
@@ -191,6 +192,7 @@ impl Roles {
         Ok(Roles {
             operation,
             text_input,
+            tokens,
             output,
             prompt_tokens,
             completion_tokens: int_output(&["num_output_tokens"]),
@@ -368,7 +370,7 @@ mod tests {
         };
         let r = Roles::of("e", &c, None).unwrap();
         assert_eq!(r.operation, Operation::Embeddings);
-        assert_eq!((r.text_input.name.as_str(), r.output.as_str()), ("TEXT", "EMBEDDING"));
+        assert_eq!((r.text_input.as_ref().unwrap().name.as_str(), r.output.as_str()), ("TEXT", "EMBEDDING"));
         assert_eq!(r.prompt_tokens.as_deref(), Some("attention_mask"));
         // A float output not named so is no embedding, unless the config says it is.
         c.output.push(output("OTHER", DataType::Fp32, &[4]));
@@ -397,7 +399,7 @@ mod tests {
         let r = Roles::of("m", &llm, None).unwrap();
         assert_eq!(r.operation, Operation::Completions);
         assert!(r.decoupled && r.extra("stream").is_some());
-        assert_eq!(r.text_input.name, "text_input");
+        assert_eq!(r.text_input.as_ref().unwrap().name, "text_input");
     }
 
     #[test]
