@@ -6,6 +6,9 @@ cd "$(dirname "$0")/.."
 source scripts/venv.sh
 source bench/tools.sh
 source scripts/redis.sh
+# PyTorch from PyPI for the PyTorch backend's tests (about 4 GB, cached outside the checkout);
+# FERRY_SKIP_TORCH=1 leaves it out (those tests then skip).
+if [ "${FERRY_SKIP_TORCH:-}" != 1 ]; then source scripts/torch.sh; fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 cargo test --locked

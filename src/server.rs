@@ -165,9 +165,11 @@ impl Core {
         let python =
             Arc::new(PythonBackend::new(config.python.clone(), Arc::clone(&host), tokio::runtime::Handle::current()));
         let based = Arc::clone(&python);
+        let pytorch = Arc::new(crate::backend::pytorch::backend(&python, config.pytorch_python.clone()));
         let backends = Backends::new(vec![
             onnx,
             python,
+            pytorch,
             Arc::new(IdentityBackend),
             Arc::new(crate::backend::native::image::ImageBackend),
             Arc::new(crate::backend::native::post::PostBackend),

@@ -23,6 +23,7 @@ pub mod identity;
 pub mod native;
 pub mod onnx;
 pub mod python;
+pub mod pytorch;
 
 /// One input of a batch, in the shape the model sees.
 #[derive(Debug, Clone, Copy)]

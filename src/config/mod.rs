@@ -340,6 +340,9 @@ pub struct Config {
     pub default_max_batch_size: i32,
     /// How Python models run (`--backend-config python,...`).
     pub python: PythonSettings,
+    /// The Python that runs PyTorch models (`--backend-config pytorch,python=<path>`, else
+    /// `FERRY_PYTORCH_PYTHON`; None: found as `backend::pytorch` says).
+    pub pytorch_python: Option<PathBuf>,
     /// TLS of the HTTP listeners and of gRPC (None: plain TCP).
     pub http_tls: Option<Tls>,
     pub grpc_tls: Option<Tls>,
@@ -374,6 +377,7 @@ impl Config {
         a.model_control_mode.make_ascii_lowercase();
         let mut default_max_batch_size = 4;
         let mut python = PythonSettings::default();
+        let mut pytorch_python = None;
         for setting in &a.backend_config {
             let number = |v: &str| {
                 v.parse::<u64>().map_err(|_| invalid(format!("--backend-config {setting}: '{v}' is not an integer")))
@@ -383,6 +387,7 @@ impl Config {
                     default_max_batch_size = number(v)?.min(i32::MAX as u64) as i32;
                 }
                 Some(("python", ("executable", v))) => python.executable = Some(PathBuf::from(v)),
+                Some(("pytorch", ("python", v))) => pytorch_python = Some(PathBuf::from(v)),
                 Some(("python", ("execute-timeout-seconds", v))) => {
                     python.execute_timeout = Some(std::time::Duration::from_secs(number(v)?)).filter(|d| !d.is_zero());
                 }
@@ -406,7 +411,7 @@ impl Config {
                 Some(("python", ("shm-region-prefix-name", _))) => {}
                 _ => {
                     return Err(invalid(format!(
-                        "--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>, python,executable=<path>, python,stub-timeout-seconds=<n>, python,execute-timeout-seconds=<n> or python,shm-default-byte-size=<n>"
+                        "--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>, python,executable=<path>, python,stub-timeout-seconds=<n>, python,execute-timeout-seconds=<n>, python,shm-default-byte-size=<n> or pytorch,python=<path>"
                     )));
                 }
             }
@@ -504,6 +509,7 @@ impl Config {
             server_id: a.id,
             default_max_batch_size,
             python,
+            pytorch_python: pytorch_python.or_else(|| env("FERRY_PYTORCH_PYTHON").map(PathBuf::from)),
             http_tls,
             grpc_tls,
             http_restricted: Restrictions::parse("http-restricted-api", "api", &a.http_restricted_api)

@@ -72,7 +72,16 @@ pub struct PythonBackend {
     stub: Arc<OnceLock<std::result::Result<tempfile::TempDir, String>>>,
     restarts: Arc<AtomicU64>,
     /// A Python-based backend: its name, and the `model.py` every model of it runs.
-    based: Option<(&'static str, PathBuf)>,
+    based: Option<(&'static str, Based)>,
+}
+
+/// The `model.py` of a Python-based backend.
+#[derive(Clone)]
+enum Based {
+    /// `<backend directory>/<name>/model.py`.
+    File(PathBuf),
+    /// One ferry carries (the PyTorch backend's), written beside the stub as `file`.
+    Builtin { file: &'static str, script: &'static str },
 }
 
 /// How to start (and restart) the processes of one instance.
@@ -240,8 +249,54 @@ impl PythonBackend {
             runtime: self.runtime.clone(),
             stub: Arc::clone(&self.stub),
             restarts: Arc::clone(&self.restarts),
-            based: Some((name, file)),
+            based: Some((name, Based::File(file))),
         })
+    }
+
+    /// A Python-based backend whose `model.py` ferry carries (`script`, written beside the stub
+    /// as `file`), run by `python` when given (else as Python models are: EXECUTION_ENV_PATH,
+    /// then the Python backend's executable).
+    pub fn builtin(
+        &self,
+        name: &'static str,
+        file: &'static str,
+        script: &'static str,
+        python: Option<PathBuf>,
+    ) -> Self {
+        let mut settings = self.settings.clone();
+        if python.is_some() {
+            settings.executable = python;
+        }
+        PythonBackend {
+            settings,
+            host: Arc::clone(&self.host),
+            runtime: self.runtime.clone(),
+            stub: Arc::clone(&self.stub),
+            restarts: Arc::clone(&self.restarts),
+            based: Some((name, Based::Builtin { file, script })),
+        }
+    }
+
+    /// The `model.py` a Python-based backend runs (a built-in one written out once).
+    fn based_file(&self) -> Result<Option<PathBuf>> {
+        match &self.based {
+            None => Ok(None),
+            Some((_, Based::File(f))) => Ok(Some(f.clone())),
+            Some((_, Based::Builtin { file, script })) => {
+                let path = self.stub_dir()?.join(file);
+                if std::fs::read(&path).is_ok_and(|s| s == script.as_bytes()) {
+                    return Ok(Some(path));
+                }
+                // Written whole under another name, then renamed: a concurrent load never reads half.
+                static WRITES: AtomicU64 = AtomicU64::new(0);
+                let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let temp = path.with_extension(format!("{}.{n}.tmp", std::process::id()));
+                std::fs::write(&temp, script)
+                    .and_then(|()| std::fs::rename(&temp, &path))
+                    .map_err(|e| Error::internal(format!("cannot write {}: {e}", path.display())))?;
+                Ok(Some(path))
+            }
+        }
     }
 
     /// Python processes started again after one died, since the server started.
@@ -277,7 +332,8 @@ impl PythonBackend {
         let version_dir = model_path.parent().unwrap_or(Path::new("."));
         let model_dir = version_dir.parent().unwrap_or(Path::new(".")).to_path_buf();
         // A Python-based backend's model.py runs every model of it, in the model's own folder.
-        let model_path = self.based.as_ref().map_or(model_path, |(_, file)| file.as_path());
+        let based = self.based_file()?;
+        let model_path = based.as_deref().unwrap_or(model_path);
         if !model_path.is_file() {
             return Err(Error::invalid(format!(
                 "Failed to preinitialize Python stub: Python model file not found in '{}'",

@@ -79,6 +79,8 @@ pub fn fill_with(
         if cfg.default_model_filename.is_empty() {
             cfg.default_model_filename = "model.onnx".into();
         }
+    } else if matches!(cfg.platform.as_str(), "pytorch_libtorch" | "torch_aoti") || cfg.backend == "pytorch" {
+        fill_pytorch(cfg)?;
     } else if cfg.backend.is_empty() && cfg.platform.is_empty() && first_version_holds(dir, "model.py") {
         // As Triton's auto-complete: a folder with model.py is a Python model.
         cfg.backend = "python".into();
@@ -107,8 +109,8 @@ fn first_version_holds(dir: &Path, file: &str) -> bool {
 }
 
 /// What ferry serves, for errors about what it does not.
-const SERVED: &str = "ferry serves backend \"onnxruntime\" (platform \"onnxruntime_onnx\"), backend \"python\", its \
-                      built-in processing backends \"ferry_image\", \"ferry_tokenizer\" and \"ferry_postprocess\", and \
+const SERVED: &str = "ferry serves backend \"onnxruntime\" (platform \"onnxruntime_onnx\"), backend \"python\", backend \
+                      \"pytorch\" (platforms \"pytorch_libtorch\" and \"torch_aoti\"), its built-in processing backends \"ferry_image\", \"ferry_tokenizer\" and \"ferry_postprocess\", and \
                       platform \"ensemble\"";
 
 /// What to say of a platform or backend ferry does not serve (None: one it serves, or none named).
@@ -116,24 +118,48 @@ fn unsupported(platform: &str, backend: &str) -> Option<String> {
     let served = |b: &str| {
         matches!(
             b,
-            "" | "onnxruntime" | "python" | "identity" | "ferry_image" | "ferry_tokenizer" | "ferry_postprocess"
+            "" | "onnxruntime"
+                | "python"
+                | "pytorch"
+                | "identity"
+                | "ferry_image"
+                | "ferry_tokenizer"
+                | "ferry_postprocess"
         )
     };
     let named = |what: &str, name: &str| format!("{what} '{name}' is not served by ferry");
     let hint = |p: &str| match p {
         "tensorrt_plan" | "tensorrt" => " (run the ONNX model with ONNX Runtime's TensorRT execution provider instead)",
-        "pytorch_libtorch" | "pytorch" | "torch_aoti" => " (export the model to ONNX with torch.onnx.export)",
         "tensorflow_savedmodel" | "tensorflow_graphdef" | "tensorflow" => " (convert the model to ONNX with tf2onnx)",
         "openvino" => " (serve the ONNX model; ONNX Runtime has an OpenVINO execution provider)",
         _ => "",
     };
-    if !platform.is_empty() && platform != "onnxruntime_onnx" && backend.is_empty() {
+    let torch = matches!(platform, "pytorch_libtorch" | "torch_aoti");
+    if !platform.is_empty() && platform != "onnxruntime_onnx" && !torch && backend.is_empty() {
         return Some(format!("{}{}", named("platform", platform), hint(platform)));
     }
     if !served(backend) {
         return Some(format!("{}{}", named("backend", backend), hint(backend)));
     }
     None
+}
+
+/// PyTorch's pairs, as Triton's: platform `pytorch_libtorch` (TorchScript, `model.pt`) or
+/// `torch_aoti` (an AOTInductor package, `model.pt2`), with backend `pytorch`.
+fn fill_pytorch(cfg: &mut ModelConfig) -> Result<(), String> {
+    if cfg.backend.is_empty() {
+        cfg.backend = "pytorch".into();
+    }
+    if cfg.platform.is_empty() {
+        cfg.platform = "pytorch_libtorch".into();
+    }
+    if cfg.backend != "pytorch" || !matches!(cfg.platform.as_str(), "pytorch_libtorch" | "torch_aoti") {
+        return Err(format!("unexpected 'platform' and 'backend' pair, got:{}, {}", cfg.platform, cfg.backend));
+    }
+    if cfg.default_model_filename.is_empty() {
+        cfg.default_model_filename = if cfg.platform == "torch_aoti" { "model.pt2" } else { "model.pt" }.into();
+    }
+    Ok(())
 }
 
 /// No backend named: an ONNX file name, or `model.onnx` in the first version directory.

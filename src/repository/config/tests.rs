@@ -40,7 +40,7 @@ fn unsupported_platforms_and_backends_are_named_with_a_way_forward() {
             "",
             "platform 'tensorrt_plan' is not served by ferry (run the ONNX model with ONNX Runtime's TensorRT",
         ),
-        ("pytorch_libtorch", "", "export the model to ONNX"),
+        ("tensorflow_savedmodel", "", "convert the model to ONNX with tf2onnx"),
         ("", "tensorflow", "backend 'tensorflow' is not served by ferry (convert the model to ONNX"),
         ("", "fil", "backend 'fil' is not served by ferry; ferry serves backend \"onnxruntime\""),
     ] {
@@ -277,4 +277,23 @@ fn what_a_config_can_allocate_is_bounded() {
     validate(&cfg).unwrap();
     cfg.scheduling_choice = Some(levels(4_000_000_000));
     assert!(validate(&cfg).unwrap_err().contains("priority_levels 4000000000 is over the 1024 allowed"));
+}
+
+#[test]
+fn pytorch_platforms_pair_with_the_pytorch_backend() {
+    let root = dir_with_version("m");
+    let dir = root.path().join("m");
+    for (platform, backend, want_platform, want_file) in [
+        ("pytorch_libtorch", "", "pytorch_libtorch", "model.pt"),
+        ("", "pytorch", "pytorch_libtorch", "model.pt"),
+        ("torch_aoti", "", "torch_aoti", "model.pt2"),
+        ("torch_aoti", "pytorch", "torch_aoti", "model.pt2"),
+    ] {
+        let mut cfg = ModelConfig { platform: platform.into(), backend: backend.into(), ..Default::default() };
+        fill(&mut cfg, &dir, "m").unwrap();
+        assert_eq!((cfg.platform.as_str(), cfg.backend.as_str()), (want_platform, "pytorch"));
+        assert_eq!(cfg.default_model_filename, want_file);
+    }
+    let mut odd = ModelConfig { platform: "pytorch_libtorch".into(), backend: "python".into(), ..Default::default() };
+    assert!(fill(&mut odd, &dir, "m").unwrap_err().contains("unexpected 'platform' and 'backend' pair"));
 }

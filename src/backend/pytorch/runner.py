@@ -1,0 +1,234 @@
+"""ferry's PyTorch backend: runs a TorchScript model (platform pytorch_libtorch, `model.pt`) or an
+AOTInductor package (platform torch_aoti, `model.pt2`) on the PyTorch of the Python it runs in,
+as Triton's PyTorch backend names its tensors: inputs `<name>__<i>` (or `ARGS[i]`) by position,
+else by the names of `forward`'s arguments (`KWARGS[name]` for a package), else in config order;
+outputs `<name>__<i>` (or `RESULT[i]`) by position in what the model returns, else in config order.
+The requests of one batch run as one call, concatenated on the batch dimension, and the outputs
+are split back per request."""
+import json
+import os
+import re
+import sys
+import warnings
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+# Triton's PyTorch backend parameters, and what each is for.
+FLAGS = {"DISABLE_OPTIMIZED_EXECUTION", "INFERENCE_MODE", "DISABLE_CUDNN", "ENABLE_WEIGHT_SHARING",
+         "ENABLE_CACHE_CLEANING", "ENABLE_JIT_EXECUTOR", "ENABLE_JIT_PROFILING"}
+COUNTS = {"INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT"}
+JIT_ONLY = {"DISABLE_OPTIMIZED_EXECUTION", "ENABLE_JIT_EXECUTOR", "ENABLE_JIT_PROFILING"}
+GPU_ONLY = {"DISABLE_CUDNN", "ENABLE_CACHE_CLEANING"}
+POSITION = re.compile(r"^(?:.+__(\d+)|ARGS\[(\d+)\]|RESULT\[(\d+)\])$")
+KEYWORD = re.compile(r"^KWARGS\[(.+)\]$")
+
+
+def fail(message):
+    raise pb_utils.TritonModelException(message)
+
+
+def flag(name, value):
+    v = value.strip().lower()
+    if v in ("true", "1", "yes", "on"):
+        return True
+    if v in ("false", "0", "no", "off"):
+        return False
+    fail(f"parameter {name}: '{value}' is not true or false")
+
+
+def positions(names, what):
+    """Each name's position by the `__<i>` convention, or None when not every name follows it."""
+    found = []
+    for n in names:
+        m = POSITION.match(n)
+        if not m:
+            return None
+        found.append(int(next(g for g in m.groups() if g is not None)))
+    if sorted(found) != list(range(len(found))):
+        fail(f"{what} {names} are numbered {sorted(found)}: the positions must be 0..{len(found) - 1}, each once")
+    return found
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        cfg = json.loads(args["model_config"])
+        try:
+            import torch
+        except Exception as e:  # an ImportError, or a broken install
+            fail(f"PyTorch is not importable by {sys.executable} ({type(e).__name__}: {e}); install torch there, or "
+                 "name a Python that has it with --backend-config pytorch,python=<path> or FERRY_PYTORCH_PYTHON")
+        self.torch = torch
+        self.aoti = cfg.get("platform") == "torch_aoti"
+        self.batching = int(cfg.get("max_batch_size", 0)) > 0
+        gpu = args["model_instance_kind"] == "GPU"
+        self.device = torch.device(f"cuda:{args['model_instance_device_id']}" if gpu else "cpu")
+        params = {k: (v or {}).get("string_value", "") for k, v in (cfg.get("parameters") or {}).items()}
+        self.settings(params, gpu)
+        name = cfg.get("default_model_filename") or ("model.pt2" if self.aoti else "model.pt")
+        path = os.path.join(args["model_repository"], args["model_version"], name)
+        if not os.path.isfile(path):
+            fail(f"model file '{path}' not found")
+        try:
+            warnings.filterwarnings("ignore", message=".*is deprecated. Please switch to `torch.export`")
+            if self.aoti:
+                self.model = torch._inductor.aoti_load_package(path)
+                arg_names = []
+            else:
+                self.model = torch.jit.load(path, map_location=self.device)
+                self.model.eval()
+                arg_names = [a.name for a in self.model.forward.schema.arguments][1:]
+        except Exception as e:
+            fail(f"cannot load '{path}' with torch {torch.__version__}: {type(e).__name__}: {str(e)[:2000]}")
+        self.inputs = [(i["name"], i.get("data_type", "")) for i in cfg.get("input", [])]
+        self.outputs = [(o["name"], o.get("data_type", "")) for o in cfg.get("output", [])]
+        self.plan_inputs([n for n, _ in self.inputs], arg_names)
+        self.out_positions = positions([n for n, _ in self.outputs], "outputs") or list(range(len(self.outputs)))
+        if self.aoti and self.batching:
+            self.check_batch(int(cfg["max_batch_size"]), cfg.get("input", []))
+
+    def check_batch(self, rows, inputs):
+        """A package computes the batch sizes it was exported for, and silently misreads others:
+        one row alone and the same row `rows` times must agree (tried when every other
+        dimension is fixed, so that the inputs can be made)."""
+        if any(d < 0 for i in inputs for d in i.get("dims", [])):
+            return
+        rng = np.random.default_rng(0)
+        one = []
+        for i in inputs:
+            dtype = pb_utils.triton_string_to_numpy(i["data_type"])
+            shape = [1] + list(i.get("dims", []))
+            one.append(rng.standard_normal(shape).astype(dtype) if np.dtype(dtype).kind == "f" else np.zeros(shape, dtype))
+        why = None
+        try:
+            single = self.call(one)
+            many = self.call([np.repeat(a, rows, axis=0) for a in one])
+            for s, m in zip(single, many):
+                if m.shape[:1] != (rows,) or not np.allclose(m, np.repeat(s, rows, axis=0), rtol=1e-3, atol=1e-4):
+                    why = f"{rows} copies of one row do not give {rows} copies of its answer"
+        except Exception as e:
+            why = f"{type(e).__name__}: {str(e)[:500]}"
+        if why:
+            fail(f"max_batch_size {rows} is more than this package's batch dimension takes (export it with a "
+                 f"dynamic batch Dim of max >= {rows}, or lower max_batch_size): {why}")
+
+    def settings(self, params, gpu):
+        torch = self.torch
+        for key in sorted(params):
+            if key in FLAGS and (key in JIT_ONLY and self.aoti or key in GPU_ONLY and not gpu):
+                pb_utils.Logger.log_warn(f"parameter {key} does not apply to this model "
+                                         f"({'an AOTInductor package' if key in JIT_ONLY else 'a CPU instance'})")
+            if key == "ENABLE_WEIGHT_SHARING" and flag(key, params[key]):
+                pb_utils.Logger.log_warn("parameter ENABLE_WEIGHT_SHARING does not apply in ferry: each instance is "
+                                         "a process of its own, holding its own weights")
+        self.inference_mode = flag("INFERENCE_MODE", params.get("INFERENCE_MODE", "true"))
+        self.clean_cache = gpu and flag("ENABLE_CACHE_CLEANING", params.get("ENABLE_CACHE_CLEANING", "false"))
+        for key in COUNTS & params.keys():
+            try:
+                n = int(params[key])
+            except ValueError:
+                fail(f"parameter {key}: '{params[key]}' is not an integer")
+            if n < 1 or n > 1024:
+                fail(f"parameter {key}: {n} is not between 1 and 1024")
+            (torch.set_num_threads if key == "INTRA_OP_THREAD_COUNT" else torch.set_num_interop_threads)(n)
+        if not self.aoti:
+            if flag("DISABLE_OPTIMIZED_EXECUTION", params.get("DISABLE_OPTIMIZED_EXECUTION", "false")):
+                torch._C._set_graph_executor_optimize(False)
+            if "ENABLE_JIT_EXECUTOR" in params:
+                torch._C._jit_set_profiling_executor(flag("ENABLE_JIT_EXECUTOR", params["ENABLE_JIT_EXECUTOR"]))
+            if "ENABLE_JIT_PROFILING" in params:
+                torch._C._jit_set_profiling_mode(flag("ENABLE_JIT_PROFILING", params["ENABLE_JIT_PROFILING"]))
+        if gpu and "DISABLE_CUDNN" in params:
+            torch.backends.cudnn.enabled = not flag("DISABLE_CUDNN", params["DISABLE_CUDNN"])
+
+    def plan_inputs(self, names, arg_names):
+        """How each config input reaches the model: ("arg", position) or ("kw", name)."""
+        at = positions(names, "inputs")
+        if at is not None:
+            self.plan = [("arg", p) for p in at]
+        elif all(KEYWORD.match(n) for n in names):
+            self.plan = [("kw", KEYWORD.match(n).group(1)) for n in names]
+        elif arg_names and set(names) <= set(arg_names):
+            self.plan = [("arg", arg_names.index(n)) for n in names]
+        elif arg_names and len(arg_names) < len(names):
+            fail(f"the model's forward takes {len(arg_names)} inputs ({arg_names}), the config names "
+                 f"{len(names)} ({names})")
+        else:
+            self.plan = [("arg", p) for p in range(len(names))]
+
+    def to_torch(self, array, datatype):
+        if datatype == "TYPE_STRING":
+            return [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in array.reshape(-1)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # read-only arrays over shared memory: never written
+            t = self.torch.from_numpy(np.ascontiguousarray(array))
+        return t.to(self.device) if self.device.type != "cpu" else t
+
+    def call(self, arrays):
+        args, kwargs = {}, {}
+        for (how, where), (name, datatype), a in zip(self.plan, self.inputs, arrays):
+            if a is None:
+                continue
+            (args if how == "arg" else kwargs)[where] = self.to_torch(a, datatype)
+        missing = [p for p in range(len(args)) if p not in args]
+        if missing:
+            fail(f"no value for the model's input at position {missing[0]} (a missing optional input)")
+        guard = self.torch.inference_mode() if self.inference_mode else self.torch.no_grad()
+        with guard:
+            result = self.model(*[args[p] for p in range(len(args))], **kwargs)
+        if isinstance(result, dict):
+            result = list(result.values())
+        elif not isinstance(result, (list, tuple)) or (result and isinstance(result[0], str)):
+            result = [result]
+        if max(self.out_positions, default=-1) >= len(result):
+            fail(f"the model returned {len(result)} outputs; the config names {len(self.outputs)}")
+        return [self.to_numpy(result[p], name, dt) for p, (name, dt) in zip(self.out_positions, self.outputs)]
+
+    def to_numpy(self, value, name, datatype):
+        if isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value):
+            return np.array([x.encode() for x in value], dtype=np.object_)
+        if not isinstance(value, self.torch.Tensor):
+            fail(f"output '{name}' is a {type(value).__name__}, not a tensor")
+        value = value.detach()
+        if value.dtype == self.torch.bfloat16:
+            fail(f"output '{name}' is BF16, which ferry's PyTorch backend does not pass yet")
+        return value.cpu().numpy()
+
+    def execute(self, requests):
+        arrays = [[pb_utils.get_input_tensor_by_name(r, n) for n, _ in self.inputs] for r in requests]
+        arrays = [[t.as_numpy() if t is not None else None for t in row] for row in arrays]
+        responses = [None] * len(requests)
+        # Requests whose shapes agree past the batch dimension run as one call.
+        groups = {}
+        for k, row in enumerate(arrays):
+            key = tuple(None if a is None else (a.shape[1:] if self.batching else a.shape) for a in row)
+            groups.setdefault(key if self.batching else k, []).append(k)
+        for members in groups.values():
+            try:
+                if len(members) == 1:
+                    responses[members[0]] = self.respond(self.call(arrays[members[0]]))
+                    continue
+                sizes = [next(a.shape[0] for a in arrays[k] if a is not None) for k in members]
+                joined = [None if arrays[members[0]][i] is None else np.concatenate([arrays[k][i] for k in members])
+                          for i in range(len(self.inputs))]
+                outs = self.call(joined)
+                cuts = np.cumsum(sizes)[:-1]
+                for o in outs:
+                    if o.ndim == 0 or o.shape[0] != sum(sizes):
+                        fail(f"an output has {o.shape[0] if o.ndim else 0} rows for a batch of {sum(sizes)}")
+                parts = [np.split(o, cuts) for o in outs]
+                for j, k in enumerate(members):
+                    responses[k] = self.respond([p[j] for p in parts])
+            except pb_utils.TritonModelException as e:
+                for k in members:
+                    responses[k] = pb_utils.InferenceResponse(error=pb_utils.TritonError(e.message()))
+            except Exception as e:
+                for k in members:
+                    responses[k] = pb_utils.InferenceResponse(
+                        error=pb_utils.TritonError(f"PyTorch execute failure: {type(e).__name__}: {str(e)[:2000]}"))
+        if self.clean_cache:
+            self.torch.cuda.empty_cache()
+        return responses
+
+    def respond(self, outs):
+        return pb_utils.InferenceResponse([pb_utils.Tensor(n, o) for (n, _), o in zip(self.outputs, outs)])

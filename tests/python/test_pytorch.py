@@ -1,0 +1,171 @@
+"""PyTorch models through the real server on the official PyTorch from PyPI: TorchScript
+(`pytorch_libtorch`: an MLP, a CNN with batch norm over images of any size, a model whose inputs
+are named by forward's arguments with two INT64 outputs, FP16, strings, `max_batch_size: 0`) and
+an AOTInductor package (`torch_aoti`), each compared with the same model run in-process by
+PyTorch, over HTTP (JSON and binary) and gRPC; batches formed under concurrency; bad inputs
+answered 400; a corrupt file and a missing PyTorch failing only their own model.
+
+The models are made by FERRY_TORCH_PYTHON (scripts/torch.sh makes one); without it these tests
+skip, unless FERRY_REQUIRE_TORCH=1 (CI sets it)."""
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from ferry_server import Server
+
+TORCH_PYTHON = os.environ.get("FERRY_TORCH_PYTHON")
+if not TORCH_PYTHON:
+    if os.environ.get("FERRY_REQUIRE_TORCH") == "1":
+        raise RuntimeError("FERRY_REQUIRE_TORCH=1 but FERRY_TORCH_PYTHON is not set (source scripts/torch.sh)")
+    pytest.skip("no Python with PyTorch (FERRY_TORCH_PYTHON; scripts/torch.sh makes one)", allow_module_level=True)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    root = tmp_path_factory.mktemp("torch")
+    repo = root / "repo"
+    repo.mkdir()
+    subprocess.run([TORCH_PYTHON, os.path.join(HERE, "torch_models.py"), str(repo), "--aoti"], check=True)
+    return str(repo), dict(np.load(root / "expected.npz"))
+
+
+@pytest.fixture(scope="module")
+def server(made):
+    repo, _ = made
+    # Two models fail on purpose; the others serve.
+    with Server(["--model-repository", repo, f"--backend-config=pytorch,python={TORCH_PYTHON}",
+                 "--exit-on-error=false"]) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def expected(made):
+    return made[1]
+
+
+def http_infer(server, model, arrays, binary=True, outputs=None):
+    c = httpclient.InferenceServerClient(server.url)
+    inputs = []
+    for name, a in arrays.items():
+        i = httpclient.InferInput(name, list(a.shape), "BYTES" if a.dtype == object else str(np_type(a)))
+        i.set_data_from_numpy(a, binary_data=binary)
+        inputs.append(i)
+    outs = [httpclient.InferRequestedOutput(o, binary_data=binary) for o in outputs or []]
+    return c.infer(model, inputs, outputs=outs or None)
+
+
+def grpc_infer(server, model, arrays):
+    c = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    inputs = []
+    for name, a in arrays.items():
+        i = grpcclient.InferInput(name, list(a.shape), np_type(a))
+        i.set_data_from_numpy(a)
+        inputs.append(i)
+    return c.infer(model, inputs)
+
+
+def np_type(a):
+    from tritonclient.utils import np_to_triton_dtype
+    return np_to_triton_dtype(a.dtype)
+
+
+def test_torchscript_outputs_equal_pytorch_in_process(server, expected):
+    x, want = expected["mlp_in"], expected["mlp_out"]
+    for binary in (True, False):
+        got = http_infer(server, "mlp", {"INPUT__0": x}, binary=binary, outputs=["OUTPUT__0"]).as_numpy("OUTPUT__0")
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grpc_infer(server, "mlp", {"INPUT__0": x}).as_numpy("OUTPUT__0"), want, rtol=1e-5,
+                               atol=1e-6)
+    for k in (0, 1):  # two image sizes: variable dimensions
+        got = grpc_infer(server, "cnn", {"INPUT__0": expected[f"cnn_in{k}"]}).as_numpy("OUTPUT__0")
+        np.testing.assert_allclose(got, expected[f"cnn_out{k}"], rtol=1e-5, atol=1e-6)
+    # Inputs by forward's argument names (config order differs), INT64 beyond 32 bits, two outputs.
+    two = http_infer(server, "two", {"scale": expected["two_scale"], "count": expected["two_count"]})
+    np.testing.assert_array_equal(two.as_numpy("SUM__0"), expected["two_sum"])
+    np.testing.assert_array_equal(two.as_numpy("PRODUCT__1"), expected["two_product"])
+    half = grpc_infer(server, "half", {"INPUT__0": expected["half_in"]}).as_numpy("OUTPUT__0")
+    assert half.dtype == np.float16
+    np.testing.assert_array_equal(half, expected["half_out"])
+    words = http_infer(server, "words", {"INPUT__0": np.array([b"red", b"fire"], dtype=object)})
+    assert words.as_numpy("OUTPUT__0").tolist() == [b"RED", b"FIRE"]
+    meta = httpclient.InferenceServerClient(server.url).get_model_metadata("mlp")
+    assert meta["platform"] == "pytorch_libtorch"
+
+
+def test_batches_form_under_concurrency(server, expected):
+    x, want = expected["mlp_in"], expected["mlp_out"]
+    c = httpclient.InferenceServerClient(server.url, concurrency=16)
+    before = c.get_inference_statistics("mlp")["model_stats"][0]
+
+    def one(k):
+        return http_infer(server, "mlp", {"INPUT__0": x[k % 5:k % 5 + 1]}).as_numpy("OUTPUT__0")
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(one, range(64)))
+    for k, got in enumerate(results):
+        np.testing.assert_allclose(got, want[k % 5:k % 5 + 1], rtol=1e-5, atol=1e-6)
+    after = c.get_inference_statistics("mlp")["model_stats"][0]
+    inferences = after["inference_count"] - before["inference_count"]
+    executions = after["execution_count"] - before["execution_count"]
+    assert inferences == 64
+    assert executions < inferences, (executions, inferences)
+
+
+def test_aoti_package_batches(server, expected):
+    x, want = expected["mlp_in"], expected["mlp_out"]
+    got = grpc_infer(server, "mlp_aoti", {"ARGS[0]": x}).as_numpy("RESULT[0]")
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    c = httpclient.InferenceServerClient(server.url, concurrency=16)
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda k: http_infer(server, "mlp_aoti", {"ARGS[0]": x[k % 5:k % 5 + 1]})
+                                .as_numpy("RESULT[0]"), range(48)))
+    for k, r in enumerate(results):
+        np.testing.assert_allclose(r, want[k % 5:k % 5 + 1], rtol=1e-4, atol=1e-5)
+    stats = c.get_inference_statistics("mlp_aoti")["model_stats"][0]
+    assert stats["execution_count"] < stats["inference_count"]
+    assert c.get_model_metadata("mlp_aoti")["platform"] == "torch_aoti"
+
+
+def test_failures_stay_with_their_model(server):
+    c = httpclient.InferenceServerClient(server.url)
+    index = {m["name"]: m for m in c.get_model_repository_index()}
+    assert index["corrupt"]["state"] == "UNAVAILABLE"
+    assert "cannot load" in index["corrupt"]["reason"], index["corrupt"]
+    # A package exported for batch 1 alone refuses max_batch_size 8, saying why.
+    assert index["mlp_aoti_static"]["state"] == "UNAVAILABLE"
+    assert "max_batch_size 8 is more than this package's batch dimension takes" in index["mlp_aoti_static"]["reason"]
+    assert c.is_model_ready("mlp") and c.is_model_ready("mlp_aoti")
+
+
+def test_bad_inputs_are_400_and_the_server_keeps_serving(server, expected):
+    c = httpclient.InferenceServerClient(server.url)
+    with pytest.raises(InferenceServerException, match=r"\[400\].*INPUT__0"):
+        http_infer(server, "mlp", {"INPUT__0": np.zeros((1, 15), dtype=np.float32)})
+    with pytest.raises(InferenceServerException, match=r"\[400\].*FP64"):
+        http_infer(server, "mlp", {"INPUT__0": np.zeros((1, 16), dtype=np.float64)})
+    # A shape the model itself cannot take fails that request, with PyTorch's words.
+    with pytest.raises(InferenceServerException, match="PyTorch execute failure"):
+        http_infer(server, "cnn", {"INPUT__0": np.zeros((1, 3, 0, 4), dtype=np.float32)})
+    assert c.is_server_live()
+    got = http_infer(server, "mlp", {"INPUT__0": expected["mlp_in"]}).as_numpy("OUTPUT__0")
+    np.testing.assert_allclose(got, expected["mlp_out"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_python_without_pytorch_fails_the_load_clearly(made, tmp_path):
+    repo, _ = made
+    with Server(["--model-repository", repo, f"--backend-config=pytorch,python={sys.executable}",
+                 "--model-control-mode=explicit", "--load-model=mlp", "--exit-on-error=false"]) as s:
+        c = httpclient.InferenceServerClient(s.url)
+        assert not c.is_model_ready("mlp")
+        reason = {m["name"]: m for m in c.get_model_repository_index()}["mlp"]["reason"]
+        assert f"PyTorch is not importable by {sys.executable}" in reason, reason
+        assert "--backend-config pytorch,python=<path> or FERRY_PYTORCH_PYTHON" in reason

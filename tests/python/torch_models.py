@@ -1,0 +1,142 @@
+"""Makes the PyTorch test models with the official PyTorch (run by FERRY_TORCH_PYTHON, not by the
+test's own Python): TorchScript and AOTInductor models in a Triton repository, and for each the
+inputs and the outputs PyTorch itself computes in-process (`expected.npz`), for the tests to
+compare ferry's answers with.
+
+    python torch_models.py <repository> [--aoti]
+"""
+import os
+import sys
+from typing import List
+
+import numpy as np
+import torch
+
+torch.manual_seed(0)
+np.random.seed(0)
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(16, 32)
+        self.b = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+class Cnn(torch.nn.Module):
+    """Conv and batch norm over an image of any size, pooled to 8 features."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.bn.running_mean.uniform_(-0.5, 0.5)
+        self.bn.running_var.uniform_(0.5, 1.5)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x))).mean(dim=(2, 3))
+
+
+class Two(torch.nn.Module):
+    """Inputs named by forward's arguments, two outputs."""
+
+    def forward(self, count: torch.Tensor, scale: torch.Tensor):
+        return count + scale, count * scale
+
+
+class Half(torch.nn.Module):
+    def forward(self, x):
+        return x * 2 + 1
+
+
+class Words(torch.nn.Module):
+    def forward(self, texts: List[str]) -> List[str]:
+        return [t.upper() for t in texts]
+
+
+def write(repo, name, config, files):
+    os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
+    with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+        f.write(f'name: "{name}"\n' + config)
+    for file, save in files.items():
+        save(os.path.join(repo, name, "1", file))
+
+
+def main(repo, aoti):
+    expected = {}
+    mlp = Mlp().eval()
+    x = np.random.rand(5, 16).astype(np.float32)
+    write(repo, "mlp", '''platform: "pytorch_libtorch"
+max_batch_size: 8
+dynamic_batching { max_queue_delay_microseconds: 20000 }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+parameters [ { key: "INTRA_OP_THREAD_COUNT" value { string_value: "1" } },
+             { key: "ENABLE_WEIGHT_SHARING" value { string_value: "true" } } ]
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+''', {"model.pt": lambda p: torch.jit.trace(mlp, torch.from_numpy(x[:1])).save(p)})
+    with torch.no_grad():
+        expected["mlp_in"], expected["mlp_out"] = x, mlp(torch.from_numpy(x)).numpy()
+
+    cnn = Cnn().eval()
+    write(repo, "cnn", '''backend: "pytorch"
+max_batch_size: 4
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, -1, -1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 8 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(cnn).save(p)})
+    for k, (h, w) in enumerate([(12, 10), (7, 9)]):
+        img = np.random.rand(2, 3, h, w).astype(np.float32)
+        with torch.no_grad():
+            expected[f"cnn_in{k}"], expected[f"cnn_out{k}"] = img, cnn(torch.from_numpy(img)).numpy()
+
+    write(repo, "two", '''platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "scale" data_type: TYPE_INT64 dims: [ 3 ] }, { name: "count" data_type: TYPE_INT64 dims: [ 3 ] } ]
+output [ { name: "SUM__0" data_type: TYPE_INT64 dims: [ 3 ] }, { name: "PRODUCT__1" data_type: TYPE_INT64 dims: [ 3 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(Two()).save(p)})
+    a, b = np.array([1, 2, 3], dtype=np.int64), np.array([10, -20, 1 << 40], dtype=np.int64)
+    expected["two_count"], expected["two_scale"] = a, b
+    expected["two_sum"], expected["two_product"] = [t.numpy() for t in Two()(torch.from_numpy(a), torch.from_numpy(b))]
+
+    write(repo, "half", '''platform: "pytorch_libtorch"
+max_batch_size: 4
+dynamic_batching { }
+input [ { name: "INPUT__0" data_type: TYPE_FP16 dims: [ 4 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP16 dims: [ 4 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(Half()).save(p)})
+    h = np.random.rand(3, 4).astype(np.float16)
+    expected["half_in"], expected["half_out"] = h, Half()(torch.from_numpy(h)).numpy()
+
+    write(repo, "words", '''platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_STRING dims: [ -1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_STRING dims: [ -1 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(Words()).save(p)})
+
+    write(repo, "corrupt", '''platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+''', {"model.pt": lambda p: open(p, "wb").write(b"PK\x03\x04 not a TorchScript archive")})
+
+    if aoti:
+        batch = torch.export.Dim("batch", min=1, max=8)
+        dynamic = torch.export.export(mlp, (torch.from_numpy(x[:2]),), dynamic_shapes={"x": {0: batch}})
+        static = torch.export.export(mlp, (torch.from_numpy(x[:1]),))
+        for name, ep, max_batch in (("mlp_aoti", dynamic, 8), ("mlp_aoti_static", static, 8)):
+            package = os.path.join(repo, f"{name}.pt2")
+            torch._inductor.aoti_compile_and_package(ep, package_path=package)
+            write(repo, name, f'''platform: "torch_aoti"
+max_batch_size: {max_batch}
+dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
+input [ {{ name: "ARGS[0]" data_type: TYPE_FP32 dims: [ 16 ] }} ]
+output [ {{ name: "RESULT[0]" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+''', {"model.pt2": lambda p: os.replace(package, p)})
+    np.savez(os.path.join(repo, "..", "expected.npz"), **expected)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], "--aoti" in sys.argv)
