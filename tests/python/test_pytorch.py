@@ -101,6 +101,11 @@ def test_torchscript_outputs_equal_pytorch_in_process(server, expected):
     assert meta["platform"] == "pytorch_libtorch"
 
 
+def test_ensembles_and_warm_up(server, expected):
+    got = grpc_infer(server, "pipeline", {"X": expected["mlp_in"]}).as_numpy("Y")
+    np.testing.assert_allclose(got, expected["mlp_out"], rtol=1e-5, atol=1e-6)
+
+
 def test_batches_form_under_concurrency(server, expected):
     x, want = expected["mlp_in"], expected["mlp_out"]
     c = httpclient.InferenceServerClient(server.url, concurrency=16)
@@ -143,7 +148,10 @@ def test_failures_stay_with_their_model(server):
     # A package exported for batch 1 alone refuses max_batch_size 8, saying why.
     assert index["mlp_aoti_static"]["state"] == "UNAVAILABLE"
     assert "max_batch_size 8 is more than this package's batch dimension takes" in index["mlp_aoti_static"]["reason"]
-    assert c.is_model_ready("mlp") and c.is_model_ready("mlp_aoti")
+    # Warm-up runs the model: a sample it fails on fails the load.
+    assert index["cnn_cold"]["state"] == "UNAVAILABLE"
+    assert "PyTorch execute failure" in index["cnn_cold"]["reason"], index["cnn_cold"]
+    assert c.is_model_ready("mlp") and c.is_model_ready("mlp_aoti") and c.is_model_ready("mlp_warm")
 
 
 def test_bad_inputs_are_400_and_the_server_keeps_serving(server, expected):

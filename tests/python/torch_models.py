@@ -81,11 +81,36 @@ output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
     with torch.no_grad():
         expected["mlp_in"], expected["mlp_out"] = x, mlp(torch.from_numpy(x)).numpy()
 
+    # The MLP as an ensemble step, warmed up before it serves.
+    write(repo, "mlp_warm", '''platform: "pytorch_libtorch"
+max_batch_size: 8
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+model_warmup [ { name: "ones" batch_size: 2 inputs { key: "INPUT__0" value { data_type: TYPE_FP32 dims: [ 16 ] random_data: true } } } ]
+''', {"model.pt": lambda p: torch.jit.trace(mlp, torch.from_numpy(x[:1])).save(p)})
+    os.makedirs(os.path.join(repo, "pipeline", "1"), exist_ok=True)
+    with open(os.path.join(repo, "pipeline", "config.pbtxt"), "w") as f:
+        f.write('''name: "pipeline"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "mlp_warm" model_version: -1
+  input_map { key: "INPUT__0" value: "X" } output_map { key: "OUTPUT__0" value: "Y" } } ] }
+''')
+
     cnn = Cnn().eval()
     write(repo, "cnn", '''backend: "pytorch"
 max_batch_size: 4
 input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, -1, -1 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 8 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(cnn).save(p)})
+    # A warm-up sample the model itself fails on: the load fails (warm-up runs the model).
+    write(repo, "cnn_cold", '''backend: "pytorch"
+max_batch_size: 4
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 3, -1, -1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 8 ] } ]
+model_warmup [ { name: "empty" batch_size: 1 inputs { key: "INPUT__0" value { data_type: TYPE_FP32 dims: [ 3, 0, 4 ] zero_data: true } } } ]
 ''', {"model.pt": lambda p: torch.jit.script(cnn).save(p)})
     for k, (h, w) in enumerate([(12, 10), (7, 9)]):
         img = np.random.rand(2, 3, h, w).astype(np.float32)
