@@ -43,7 +43,7 @@ def server(made):
     repo, _ = made
     # Two models fail on purpose; the others serve.
     with Server(["--model-repository", repo, f"--backend-config=pytorch,python={TORCH_PYTHON}",
-                 "--exit-on-error=false"]) as s:
+                 "--exit-on-error=false"], timeout=300) as s:  # a dozen processes import torch at once
         yield s
 
 
@@ -104,6 +104,22 @@ def test_torchscript_outputs_equal_pytorch_in_process(server, expected):
 def test_ensembles_and_warm_up(server, expected):
     got = grpc_infer(server, "pipeline", {"X": expected["mlp_in"]}).as_numpy("Y")
     np.testing.assert_allclose(got, expected["mlp_out"], rtol=1e-5, atol=1e-6)
+
+
+def test_sequences_keep_implicit_state(server):
+    c = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+
+    def step(value, seq, start=False, end=False):
+        i = grpcclient.InferInput("INPUT__0", [1, 1], "FP32")
+        i.set_data_from_numpy(np.array([[value]], dtype=np.float32))
+        r = c.infer("accumulate", [i], sequence_id=seq, sequence_start=start, sequence_end=end)
+        return float(r.as_numpy("OUTPUT__0")[0][0])
+
+    assert step(1, 7, start=True) == 1
+    assert step(10, 8, start=True) == 10  # another sequence, its own state
+    assert step(2, 7) == 3
+    assert step(5, 7, end=True) == 8
+    assert step(1, 8, end=True) == 11
 
 
 def test_batches_form_under_concurrency(server, expected):
@@ -171,7 +187,7 @@ def test_bad_inputs_are_400_and_the_server_keeps_serving(server, expected):
 def test_a_python_without_pytorch_fails_the_load_clearly(made, tmp_path):
     repo, _ = made
     with Server(["--model-repository", repo, f"--backend-config=pytorch,python={sys.executable}",
-                 "--model-control-mode=explicit", "--load-model=mlp", "--exit-on-error=false"]) as s:
+                 "--model-control-mode=explicit", "--load-model=mlp", "--exit-on-error=false"], timeout=300) as s:
         c = httpclient.InferenceServerClient(s.url)
         assert not c.is_model_ready("mlp")
         reason = {m["name"]: m for m in c.get_model_repository_index()}["mlp"]["reason"]

@@ -47,6 +47,13 @@ class Two(torch.nn.Module):
         return count + scale, count * scale
 
 
+class Accumulate(torch.nn.Module):
+    """A running sum kept in the sequence batcher's implicit state."""
+
+    def forward(self, x, total):
+        return x + total, x + total
+
+
 class Half(torch.nn.Module):
     def forward(self, x):
         return x * 2 + 1
@@ -125,6 +132,17 @@ output [ { name: "SUM__0" data_type: TYPE_INT64 dims: [ 3 ] }, { name: "PRODUCT_
     a, b = np.array([1, 2, 3], dtype=np.int64), np.array([10, -20, 1 << 40], dtype=np.int64)
     expected["two_count"], expected["two_scale"] = a, b
     expected["two_sum"], expected["two_product"] = [t.numpy() for t in Two()(torch.from_numpy(a), torch.from_numpy(b))]
+
+    write(repo, "accumulate", '''platform: "pytorch_libtorch"
+max_batch_size: 2
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 600000000
+  state [ { input_name: "TOTAL__1" output_name: "TOTAL__1_OUT" data_type: TYPE_FP32 dims: [ 1 ]
+            initial_state: { data_type: TYPE_FP32 dims: [ 1 ] zero_data: true name: "zero" } } ]
+}
+''', {"model.pt": lambda p: torch.jit.script(Accumulate()).save(p)})
 
     write(repo, "half", '''platform: "pytorch_libtorch"
 max_batch_size: 4

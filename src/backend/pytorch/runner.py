@@ -82,6 +82,13 @@ class TritonPythonModel:
             fail(f"cannot load '{path}' with torch {torch.__version__}: {type(e).__name__}: {str(e)[:2000]}")
         self.inputs = [(i["name"], i.get("data_type", "")) for i in cfg.get("input", [])]
         self.outputs = [(o["name"], o.get("data_type", "")) for o in cfg.get("output", [])]
+        # The sequence batcher's control inputs and implicit state reach the model as tensors too.
+        sequence = cfg.get("sequence_batching") or {}
+        for c in sequence.get("control_input", []):
+            self.inputs.append((c["name"], next((k.get("data_type", "") for k in c.get("control", [])), "")))
+        for st in sequence.get("state", []):
+            self.inputs.append((st["input_name"], st.get("data_type", "")))
+            self.outputs.append((st["output_name"], st.get("data_type", "")))
         self.plan_inputs([n for n, _ in self.inputs], arg_names)
         self.out_positions = positions([n for n, _ in self.outputs], "outputs") or list(range(len(self.outputs)))
         if self.aoti and self.batching:
