@@ -96,7 +96,9 @@ def build():
                 torch.onnx.export(model, (example,), path, input_names=["INPUT__0"], output_names=["OUTPUT__0"],
                                   dynamic_axes={"INPUT__0": {0: "b"}, "OUTPUT__0": {0: "b"}}, dynamo=False)
             else:
-                ep = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("b", min=1, max=16)},))
+                import torch.fx.experimental._config as fx_config
+                with fx_config.patch(backed_size_oblivious=True):  # else the batch Dim starts at 2
+                    ep = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("b", min=1, max=16)},))
                 torch._inductor.aoti_compile_and_package(ep, package_path=path)
             with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
                 f.write(config(name, platform, shape, out, 16))

@@ -122,6 +122,16 @@ def test_sequences_keep_implicit_state(server):
     assert step(1, 8, end=True) == 11
 
 
+def test_outputs_are_checked_against_the_config(server):
+    x = np.array([[1, 2]], dtype=np.float32)
+    keyed = grpc_infer(server, "keyed", {"INPUT__0": x})
+    np.testing.assert_array_equal(keyed.as_numpy("plus"), x + 1)
+    assert keyed.as_numpy("double").dtype == np.float64
+    np.testing.assert_array_equal(keyed.as_numpy("double"), x * 2)
+    with pytest.raises(InferenceServerException, match="output 'double': the configuration expects TYPE_FP32, the model returned float64"):
+        http_infer(server, "mistyped", {"INPUT__0": x})
+
+
 def test_batches_form_under_concurrency(server, expected):
     x, want = expected["mlp_in"], expected["mlp_out"]
     c = httpclient.InferenceServerClient(server.url, concurrency=16)
@@ -164,6 +174,8 @@ def test_failures_stay_with_their_model(server):
     # A package exported for batch 1 alone refuses max_batch_size 8, saying why.
     assert index["mlp_aoti_static"]["state"] == "UNAVAILABLE"
     assert "max_batch_size 8 is more than this package's batch dimension takes" in index["mlp_aoti_static"]["reason"]
+    assert index["miscounted"]["state"] == "UNAVAILABLE"
+    assert "configuration expects 3 inputs, the model's forward takes 2" in index["miscounted"]["reason"]
     # Warm-up runs the model: a sample it fails on fails the load.
     assert index["cnn_cold"]["state"] == "UNAVAILABLE"
     assert "PyTorch execute failure" in index["cnn_cold"]["reason"], index["cnn_cold"]

@@ -54,6 +54,18 @@ class Accumulate(torch.nn.Module):
         return x + total, x + total
 
 
+class Keyed(torch.nn.Module):
+    """Outputs in a dict, matched to the config by key."""
+
+    def forward(self, x):
+        return {"plus": x + 1, "double": (x * 2).double()}
+
+
+class Pair(torch.nn.Module):
+    def forward(self, a, b):
+        return a + b
+
+
 class Half(torch.nn.Module):
     def forward(self, x):
         return x * 2 + 1
@@ -144,6 +156,25 @@ sequence_batching {
 }
 ''', {"model.pt": lambda p: torch.jit.script(Accumulate()).save(p)})
 
+    write(repo, "keyed", '''platform: "pytorch_libtorch"
+max_batch_size: 4
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "double" data_type: TYPE_FP64 dims: [ 2 ] }, { name: "plus" data_type: TYPE_FP32 dims: [ 2 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(Keyed()).save(p)})
+    # The config says FP32 where the model makes FP64: every request fails, naming both.
+    write(repo, "mistyped", '''platform: "pytorch_libtorch"
+max_batch_size: 4
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "double" data_type: TYPE_FP32 dims: [ 2 ] }, { name: "plus" data_type: TYPE_FP32 dims: [ 2 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(Keyed()).save(p)})
+    # Three inputs for a forward of two: refused at load.
+    write(repo, "miscounted", '''platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 1 ] }, { name: "INPUT__1" data_type: TYPE_FP32 dims: [ 1 ] },
+        { name: "INPUT__2" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(Pair()).save(p)})
+
     write(repo, "half", '''platform: "pytorch_libtorch"
 max_batch_size: 4
 dynamic_batching { }
@@ -167,7 +198,10 @@ output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
 
     if aoti:
         batch = torch.export.Dim("batch", min=1, max=8)
-        dynamic = torch.export.export(mlp, (torch.from_numpy(x[:2]),), dynamic_shapes={"x": {0: batch}})
+        # Without backed_size_oblivious, torch.export starts a batch Dim at 2 (0/1 specialisation).
+        import torch.fx.experimental._config as fx_config
+        with fx_config.patch(backed_size_oblivious=True):
+            dynamic = torch.export.export(mlp, (torch.from_numpy(x[:2]),), dynamic_shapes={"x": {0: batch}})
         static = torch.export.export(mlp, (torch.from_numpy(x[:1]),))
         for name, ep, max_batch in (("mlp_aoti", dynamic, 8), ("mlp_aoti_static", static, 8)):
             package = os.path.join(repo, f"{name}.pt2")

@@ -67,8 +67,14 @@ class TritonPythonModel:
         self.settings(params, gpu)
         name = cfg.get("default_model_filename") or ("model.pt2" if self.aoti else "model.pt")
         path = os.path.join(args["model_repository"], args["model_version"], name)
-        if not os.path.isfile(path):
+        if not os.path.exists(path):
             fail(f"model file '{path}' not found")
+        if not os.path.isfile(path):
+            fail(f"model file '{path}' is not a regular file")
+        if self.aoti:
+            # The package checks each call's shapes and dtypes against what it was compiled for
+            # (else it reads past a short input, or computes a batch it was not built for).
+            os.environ["AOTI_RUNTIME_CHECK_INPUTS"] = "1"
         try:
             warnings.filterwarnings("ignore", message=".*is deprecated. Please switch to `torch.export`")
             if self.aoti:
@@ -77,11 +83,17 @@ class TritonPythonModel:
             else:
                 self.model = torch.jit.load(path, map_location=self.device)
                 self.model.eval()
-                arg_names = [a.name for a in self.model.forward.schema.arguments][1:]
+                schema_args = self.model.forward.schema.arguments[1:]
+                arg_names = [a.name for a in schema_args]
+                required = sum(1 for a in schema_args if a.default_value is None)
         except Exception as e:
             fail(f"cannot load '{path}' with torch {torch.__version__}: {type(e).__name__}: {str(e)[:2000]}")
         self.inputs = [(i["name"], i.get("data_type", "")) for i in cfg.get("input", [])]
         self.outputs = [(o["name"], o.get("data_type", "")) for o in cfg.get("output", [])]
+        # What each output must be: its numpy dtype, and its dims (None: not checked, a reshape).
+        self.expect = {o["name"]: (o.get("data_type", ""), None if o.get("reshape") else [int(d) for d in o.get("dims", [])])
+                       for o in cfg.get("output", [])}
+        self.check_types(cfg)
         # The sequence batcher's control inputs and implicit state reach the model as tensors too.
         sequence = cfg.get("sequence_batching") or {}
         for c in sequence.get("control_input", []):
@@ -90,9 +102,26 @@ class TritonPythonModel:
             self.inputs.append((st["input_name"], st.get("data_type", "")))
             self.outputs.append((st["output_name"], st.get("data_type", "")))
         self.plan_inputs([n for n, _ in self.inputs], arg_names)
+        if not self.aoti:
+            given = sum(1 for how, _ in self.plan if how == "arg")
+            top = max((p + 1 for how, p in self.plan if how == "arg"), default=0)
+            if top > len(arg_names) or given < required:
+                fail(f"configuration expects {len(self.plan)} inputs, the model's forward takes {len(arg_names)} "
+                     f"({required} required: {arg_names})")
         self.out_positions = positions([n for n, _ in self.outputs], "outputs") or list(range(len(self.outputs)))
         if self.aoti and self.batching:
             self.check_batch(int(cfg["max_batch_size"]), cfg.get("input", []))
+
+    def check_types(self, cfg):
+        """What the runner cannot pass, refused at load rather than on each request."""
+        batching = int(cfg.get("max_batch_size", 0)) > 0
+        for t in cfg.get("input", []) + cfg.get("output", []):
+            dt, dims = t.get("data_type", ""), [int(d) for d in t.get("dims", [])]
+            if dt == "TYPE_BF16":
+                fail(f"tensor '{t['name']}' is TYPE_BF16, which ferry's PyTorch backend does not pass yet")
+            if dt == "TYPE_STRING" and (dims != [1] if batching else len(dims) != 1):
+                fail(f"tensor '{t['name']}' is TYPE_STRING with dims {dims}: string tensors are one-dimensional "
+                     f"(a List[str]{': dims [ 1 ], one string per batch row' if batching else ''})")
 
     def check_batch(self, rows, inputs):
         """A package computes the batch sizes it was exported for, and silently misreads others:
@@ -165,13 +194,18 @@ class TritonPythonModel:
 
     def to_torch(self, array, datatype):
         if datatype == "TYPE_STRING":
-            return [x.decode("utf-8", "replace") if isinstance(x, bytes) else str(x) for x in array.reshape(-1)]
+            try:
+                return [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in array.reshape(-1)]
+            except UnicodeDecodeError as e:
+                fail(f"a string input holds bytes that are not UTF-8 ({e}); TorchScript strings are text")
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # read-only arrays over shared memory: never written
             t = self.torch.from_numpy(np.ascontiguousarray(array))
         return t.to(self.device) if self.device.type != "cpu" else t
 
-    def call(self, arrays):
+    def call(self, arrays, rows=None):
+        """Runs the model on `arrays`; each output is checked against the config (`rows`: the
+        batch rows it must have, for a batching model)."""
         args, kwargs = {}, {}
         for (how, where), (name, datatype), a in zip(self.plan, self.inputs, arrays):
             if a is None:
@@ -184,12 +218,34 @@ class TritonPythonModel:
         with guard:
             result = self.model(*[args[p] for p in range(len(args))], **kwargs)
         if isinstance(result, dict):
-            result = list(result.values())
+            names = [n for n, _ in self.outputs]
+            if not set(names) <= set(result):
+                fail(f"the model returns a dict with keys {sorted(result)}; the config's outputs {names} must be among them")
+            return [self.check(self.to_numpy(result[n], n, dt), n, rows) for n, dt in self.outputs]
         elif not isinstance(result, (list, tuple)) or (result and isinstance(result[0], str)):
             result = [result]
         if max(self.out_positions, default=-1) >= len(result):
             fail(f"the model returned {len(result)} outputs; the config names {len(self.outputs)}")
-        return [self.to_numpy(result[p], name, dt) for p, (name, dt) in zip(self.out_positions, self.outputs)]
+        outs = [self.to_numpy(result[p], name, dt) for p, (name, dt) in zip(self.out_positions, self.outputs)]
+        return [self.check(o, name, rows) for o, (name, _) in zip(outs, self.outputs)]
+
+    def check(self, out, name, rows):
+        """An output as the config declares it: its datatype, and its shape where dims are fixed."""
+        datatype, dims = self.expect.get(name, ("", None))
+        if datatype:
+            want = np.dtype(pb_utils.triton_string_to_numpy(datatype))
+            if out.dtype != want and not (want.kind == "O" and out.dtype.kind == "O"):
+                fail(f"output '{name}': the configuration expects {datatype}, the model returned {out.dtype}")
+        if dims is None:
+            return out
+        shape = list(out.shape)
+        if self.batching:
+            if not shape or (rows is not None and shape[0] != rows):
+                fail(f"output '{name}' has shape {shape}: a batch of {rows} needs {rows} rows")
+            shape = shape[1:]
+        if datatype != "TYPE_STRING" and (len(shape) != len(dims) or any(d >= 0 and d != s for d, s in zip(dims, shape))):
+            fail(f"output '{name}' has shape {list(out.shape)}, which the configuration's dims {dims} do not take")
+        return out
 
     def to_numpy(self, value, name, datatype):
         if isinstance(value, (list, tuple)) and all(isinstance(x, str) for x in value):
@@ -211,31 +267,36 @@ class TritonPythonModel:
             key = tuple(None if a is None else (a.shape[1:] if self.batching else a.shape) for a in row)
             groups.setdefault(key if self.batching else k, []).append(k)
         for members in groups.values():
+            if len(members) == 1:
+                responses[members[0]] = self.alone(arrays[members[0]])
+                continue
             try:
-                if len(members) == 1:
-                    responses[members[0]] = self.respond(self.call(arrays[members[0]]))
-                    continue
-                sizes = [next(a.shape[0] for a in arrays[k] if a is not None) for k in members]
+                sizes = [self.rows(arrays[k]) for k in members]
                 joined = [None if arrays[members[0]][i] is None else np.concatenate([arrays[k][i] for k in members])
                           for i in range(len(self.inputs))]
-                outs = self.call(joined)
-                cuts = np.cumsum(sizes)[:-1]
-                for o in outs:
-                    if o.ndim == 0 or o.shape[0] != sum(sizes):
-                        fail(f"an output has {o.shape[0] if o.ndim else 0} rows for a batch of {sum(sizes)}")
-                parts = [np.split(o, cuts) for o in outs]
+                outs = self.call(joined, sum(sizes))
+                parts = [np.split(o, np.cumsum(sizes)[:-1]) for o in outs]
                 for j, k in enumerate(members):
                     responses[k] = self.respond([p[j] for p in parts])
-            except pb_utils.TritonModelException as e:
+            except Exception:
+                # One request must not fail the others of its batch: each runs alone to find out.
                 for k in members:
-                    responses[k] = pb_utils.InferenceResponse(error=pb_utils.TritonError(e.message()))
-            except Exception as e:
-                for k in members:
-                    responses[k] = pb_utils.InferenceResponse(
-                        error=pb_utils.TritonError(f"PyTorch execute failure: {type(e).__name__}: {str(e)[:2000]}"))
+                    responses[k] = self.alone(arrays[k])
         if self.clean_cache:
             self.torch.cuda.empty_cache()
         return responses
+
+    def rows(self, row):
+        return next((a.shape[0] for a in row if a is not None and a.ndim), 1) if self.batching else None
+
+    def alone(self, row):
+        try:
+            return self.respond(self.call(row, self.rows(row)))
+        except pb_utils.TritonModelException as e:
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(e)))
+        except Exception as e:
+            return pb_utils.InferenceResponse(
+                error=pb_utils.TritonError(f"PyTorch execute failure: {type(e).__name__}: {str(e)[:2000]}"))
 
     def respond(self, outs):
         return pb_utils.InferenceResponse([pb_utils.Tensor(n, o) for (n, _), o in zip(self.outputs, outs)])
