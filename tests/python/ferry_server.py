@@ -42,9 +42,15 @@ class Server:
         self._reader.start()
         if expect_exit:
             return
-        self._wait_port(timeout)
-        if wait_ready:
-            self.wait_ready(timeout)
+        try:
+            self._wait_port(timeout)
+            if wait_ready:
+                self.wait_ready(timeout)
+        except BaseException:
+            # A server that never came up is not left running behind the failed test.
+            self.proc.kill()
+            self.proc.wait()
+            raise
 
     def _read(self):
         for line in self.proc.stdout:
