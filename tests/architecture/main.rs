@@ -44,6 +44,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("backend::onnx", 2),
     ("backend::ort_library", 2),
     ("backend::python", 2),
+    ("backend::pytorch", 2),
     ("frontend", 2),
     ("config", 3),
     ("server", 3),
