@@ -112,13 +112,13 @@ def test_a_folder_with_model_py_is_a_python_model(fresh_repo):
 
 
 def test_unsupported_platforms_are_named_with_a_way_forward(fresh_repo):
-    for name, platform in [("trt", "tensorrt_plan"), ("torch", "pytorch_libtorch")]:
+    for name, platform in [("trt", "tensorrt_plan"), ("tf", "tensorflow_savedmodel")]:
         os.makedirs(os.path.join(fresh_repo, name, "1"))
         models.write(os.path.join(fresh_repo, name, "config.pbtxt"), f'platform: "{platform}"\nmax_batch_size: 0\n')
     with Server(["--model-repository", fresh_repo, "--exit-on-error=false"]) as s:
         index = {m["name"]: m["reason"] for m in s.client().get_model_repository_index()}
         assert "platform 'tensorrt_plan' is not served by ferry" in index["trt"] and "TensorRT" in index["trt"]
-        assert "export the model to ONNX" in index["torch"]
+        assert "convert the model to ONNX with tf2onnx" in index["tf"]
 
 
 def test_an_output_requested_twice_is_refused():
