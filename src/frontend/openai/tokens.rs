@@ -14,6 +14,9 @@ use crate::{
 
 /// Most tokens in one array of a model whose token input has a variable length.
 pub const MAX_TOKENS: usize = 65_536;
+/// Most tokens one engine request may hold once padded (a few short arrays beside a long one
+/// must not make gigabytes of padding).
+pub const MAX_PADDED: usize = 1 << 20;
 
 #[derive(Debug, Clone)]
 pub struct TokenInputs {
@@ -96,6 +99,14 @@ impl TokenInputs {
                 ));
             }
         }
+        if rows.len() * width > MAX_PADDED {
+            return Err(format!(
+                "input[{first}..{}] pads to {} rows of {width} tokens, more than {MAX_PADDED} tokens in one batch; \
+                 send arrays of like lengths, or fewer per request",
+                first + rows.len(),
+                rows.len()
+            ));
+        }
         let shape = if batching || self.ids.dims.len() == 2 {
             vec![rows.len() as i64, width as i64]
         } else {
@@ -167,6 +178,10 @@ mod tests {
         assert_eq!(mask, vec![1, 1, 1, 1, 0, 0]);
         assert!(got[2].data.iter().all(|b| *b == 0));
         assert!(t.inputs(&[vec![]], 3, true).unwrap_err().contains("input[3] holds no tokens"));
+        // Many short arrays beside one long one: the padding is bounded, not allocated.
+        let mut padded = vec![vec![1]; 2047];
+        padded.push(vec![1; MAX_TOKENS]);
+        assert!(t.inputs(&padded, 0, true).unwrap_err().contains("more than 1048576 tokens in one batch"));
     }
 
     #[test]
