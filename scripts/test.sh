@@ -6,6 +6,8 @@ cd "$(dirname "$0")/.."
 source scripts/venv.sh
 source bench/tools.sh
 source scripts/redis.sh
+# Headless Chromium (Debian's) for the tests that open HTML pages in a real browser.
+source scripts/chromium.sh
 # PyTorch from PyPI for the PyTorch backend's tests (about 4 GB, cached outside the checkout);
 # FERRY_SKIP_TORCH=1 leaves it out (those tests then skip).
 if [ "${FERRY_SKIP_TORCH:-}" != 1 ]; then source scripts/torch.sh; fi

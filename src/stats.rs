@@ -250,6 +250,11 @@ impl Stats {
         self.epoch.elapsed().as_secs()
     }
 
+    /// Requests queued or running now (what `ferry_inference_load` reports), without a snapshot.
+    pub fn load(&self) -> i64 {
+        self.pending.load(Ordering::Relaxed) + self.executing.load(Ordering::Relaxed)
+    }
+
     pub fn snapshot(&self) -> Snapshot {
         let now = self.now_secs();
         let inner = self.lock();

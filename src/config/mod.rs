@@ -29,7 +29,7 @@ mod tune;
 
 pub use platform::{Mode, Platform};
 pub use storage::Storage;
-pub use tune::TuneSettings;
+pub use tune::{Objective, Percentile, TuneSettings};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -49,8 +49,10 @@ struct Cli {
 enum Command {
     /// Serve the model repositories (the default command).
     Serve(Box<ServeArgs>),
-    /// Measure one model on this machine over a sweep of instance counts, threads, batch sizes and
-    /// queue delays, and recommend a config.pbtxt (Model Analyzer's job).
+    /// Measure models on this machine (one, or several sharing it under a traffic mix) over a sweep
+    /// of instance counts, threads, batch sizes and queue delays, within latency, throughput and
+    /// memory constraints; recommend a config.pbtxt per model, with an HTML report and the sizing
+    /// for the platforms (Model Analyzer's job).
     Tune(Box<tune::TuneArgs>),
 }
 

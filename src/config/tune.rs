@@ -11,21 +11,41 @@ pub(super) struct TuneArgs {
     /// The model repository folder holding the model.
     #[arg(long = "model-repository")]
     pub model_repository: String,
-    /// The model to tune.
+    /// The model to tune; repeat it to tune models that share this machine together.
+    #[arg(long, required = true)]
+    model: Vec<String>,
+    /// The traffic mix between the models, as weights: `A=70,B=30` (default: equal shares).
     #[arg(long)]
-    model: String,
+    mix: Option<String>,
     /// Seconds the whole run may take (measurements and loads).
     #[arg(long, default_value_t = 300)]
     budget_secs: u64,
-    /// Where to write the recommended config.pbtxt (complete, loadable as it is); default: printed.
+    /// Where to write the recommended config.pbtxt (complete, loadable as it is); a folder gets
+    /// FOLDER/<model>/config.pbtxt for each model (required form for several models). Default: printed.
     #[arg(long)]
     output: Option<PathBuf>,
     /// Where to write every measured point as JSON.
     #[arg(long)]
     report: Option<PathBuf>,
-    /// The p99 latency, in milliseconds, the recommendation must stay within.
+    /// Where to write the HTML report (charts, one self-contained file). Default: beside --output
+    /// (`config.report.html`, or FOLDER/tune-report.html), else beside --report.
     #[arg(long)]
-    latency_target_ms: Option<f64>,
+    report_html: Option<PathBuf>,
+    /// The latency, in milliseconds, every model must stay within (at --latency-percentile).
+    #[arg(long, alias = "latency-target-ms")]
+    latency_budget_ms: Option<f64>,
+    /// Which latency the budget applies to: p99 or p95.
+    #[arg(long, default_value = "p99")]
+    latency_percentile: String,
+    /// Requests per second (all models together) the recommendation must reach.
+    #[arg(long)]
+    min_throughput: Option<f64>,
+    /// Memory, in MiB, the models' instances may hold together.
+    #[arg(long)]
+    max_memory_mib: Option<f64>,
+    /// What to optimise within the constraints: throughput (most requests/s) or latency (lowest).
+    #[arg(long, default_value = "throughput")]
+    objective: String,
     /// Concurrent clients to measure each config with (comma-separated).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 4, 16])]
     concurrency: Vec<usize>,
@@ -59,8 +79,39 @@ impl TuneArgs {
         if self.concurrency.is_empty() || self.concurrency.contains(&0) {
             return Err(invalid("--concurrency: give one or more counts of at least 1, e.g. 1,4,16"));
         }
-        if self.latency_target_ms.is_some_and(|t| t.is_nan() || t <= 0.0) {
-            return Err(invalid("--latency-target-ms must be above 0"));
+        let positive = |v: Option<f64>, flag: &str| match v {
+            Some(v) if !(v.is_finite() && v > 0.0) => Err(invalid(format!("{flag} must be a number above 0"))),
+            _ => Ok(()),
+        };
+        positive(self.latency_budget_ms, "--latency-budget-ms")?;
+        positive(self.min_throughput, "--min-throughput")?;
+        positive(self.max_memory_mib, "--max-memory-mib")?;
+        positive(self.target_rps, "--target-rps")?;
+        let percentile = match self.latency_percentile.to_ascii_lowercase().as_str() {
+            "p99" | "99" => Percentile::P99,
+            "p95" | "95" => Percentile::P95,
+            other => return Err(invalid(format!("--latency-percentile {other}: expected p99 or p95"))),
+        };
+        let objective = match self.objective.to_ascii_lowercase().as_str() {
+            "throughput" => Objective::Throughput,
+            "latency" => Objective::Latency,
+            other => return Err(invalid(format!("--objective {other}: expected throughput or latency"))),
+        };
+        let models = self.model.clone();
+        for (i, m) in models.iter().enumerate() {
+            if m.is_empty() || models[..i].contains(m) {
+                return Err(invalid(format!("--model '{m}': give each model once, by name")));
+            }
+        }
+        let mix = match &self.mix {
+            Some(text) => parse_mix(text, &models)?,
+            None => vec![1.0; models.len()],
+        };
+        if models.len() > 1 && self.output.as_ref().is_some_and(|o| o.is_file()) {
+            return Err(invalid(format!(
+                "--output {}: with several models, give a folder (each model's config goes to FOLDER/<model>/config.pbtxt)",
+                self.output.as_ref().map(|o| o.display().to_string()).unwrap_or_default()
+            )));
         }
         let mut shapes = BTreeMap::new();
         for s in &self.shape {
@@ -93,12 +144,24 @@ impl TuneArgs {
         let mut concurrency = self.concurrency.clone();
         concurrency.sort_unstable();
         concurrency.dedup();
+        let report_html = self.report_html.clone().or_else(|| match (&self.output, &self.report) {
+            (Some(out), _) if models.len() > 1 || out.is_dir() => Some(out.join("tune-report.html")),
+            (Some(out), _) => Some(out.with_extension("report.html")),
+            (None, Some(report)) => Some(report.with_extension("html")),
+            (None, None) => None,
+        });
         Ok(TuneSettings {
-            model: self.model.clone(),
+            models,
+            mix,
             budget: Duration::from_secs(self.budget_secs),
             output: self.output.clone(),
             report: self.report.clone(),
-            latency_target_ms: self.latency_target_ms,
+            report_html,
+            latency_budget_ms: self.latency_budget_ms,
+            percentile,
+            min_throughput: self.min_throughput,
+            max_memory_bytes: self.max_memory_mib.map(|m| (m * 1024.0 * 1024.0) as u64),
+            objective,
             concurrency,
             shapes,
             input_data,
@@ -109,17 +172,78 @@ impl TuneArgs {
     }
 }
 
+/// `A=70,B=30`: a positive weight for every model, each named once.
+fn parse_mix(text: &str, models: &[String]) -> Result<Vec<f64>, clap::Error> {
+    let mut weights = vec![None; models.len()];
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let Some((name, weight)) = part.split_once('=') else {
+            return Err(invalid(format!("--mix {part}: expected MODEL=WEIGHT, for example a=70,b=30")));
+        };
+        let Some(i) = models.iter().position(|m| m == name.trim()) else {
+            return Err(invalid(format!(
+                "--mix: '{}' is not one of the --model names ({})",
+                name.trim(),
+                models.join(", ")
+            )));
+        };
+        match weight.trim().parse::<f64>() {
+            Ok(w) if w.is_finite() && w > 0.0 && weights[i].is_none() => weights[i] = Some(w),
+            Ok(_) if weights[i].is_some() => return Err(invalid(format!("--mix: '{name}' is given twice"))),
+            _ => return Err(invalid(format!("--mix {part}: the weight must be a number above 0"))),
+        }
+    }
+    models
+        .iter()
+        .zip(weights)
+        .map(|(m, w)| w.ok_or_else(|| invalid(format!("--mix: give '{m}' a weight too (every --model needs traffic)"))))
+        .collect()
+}
+
+/// The latency a budget applies to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Percentile {
+    P95,
+    P99,
+}
+
+impl Percentile {
+    pub fn label(self) -> &'static str {
+        match self {
+            Percentile::P95 => "p95",
+            Percentile::P99 => "p99",
+        }
+    }
+}
+
+/// What the recommendation optimises within the constraints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Objective {
+    Throughput,
+    Latency,
+}
+
 /// What the command line asks of a tuning run.
 #[derive(Debug, Clone)]
 pub struct TuneSettings {
-    pub model: String,
+    /// The models tuned together, in the order given.
+    pub models: Vec<String>,
+    /// Each model's share of the traffic (weights, same order).
+    pub mix: Vec<f64>,
     pub budget: Duration,
-    /// Where the recommended config.pbtxt goes (None: printed).
+    /// Where the recommended config.pbtxt goes (None: printed); a folder for several models.
     pub output: Option<PathBuf>,
     /// Every point as JSON.
     pub report: Option<PathBuf>,
-    /// p99 the recommendation must stay within, in milliseconds.
-    pub latency_target_ms: Option<f64>,
+    /// The HTML report.
+    pub report_html: Option<PathBuf>,
+    /// The latency every model must stay within, in milliseconds, at `percentile`.
+    pub latency_budget_ms: Option<f64>,
+    pub percentile: Percentile,
+    /// Requests per second, all models together.
+    pub min_throughput: Option<f64>,
+    /// What the models' instances may hold together.
+    pub max_memory_bytes: Option<u64>,
+    pub objective: Objective,
     pub concurrency: Vec<usize>,
     /// Shapes for inputs with variable dims (without the batch dim).
     pub shapes: BTreeMap<String, Vec<i64>>,

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use bytes::Bytes;
 
-use crate::{engine::Engine, request::InferRequest};
+use crate::{config::Percentile, engine::Engine, request::InferRequest};
 
 /// One inference request, encoded once: the URL, the body (JSON header, then the tensors' bytes)
 /// and the header's length.
@@ -72,6 +72,7 @@ pub struct Sample {
     /// Requests answered per second in the measured window.
     pub throughput: f64,
     pub p50_ms: f64,
+    pub p95_ms: f64,
     pub p99_ms: f64,
     pub requests: u64,
     pub errors: u64,
@@ -79,6 +80,23 @@ pub struct Sample {
     pub error: Option<String>,
     /// Average rows per execution while measured.
     pub avg_batch: f64,
+    /// Average requests queued or executing in the server (`ferry_inference_load`) while measured.
+    pub load: f64,
+}
+
+impl Sample {
+    /// The latency at `p`.
+    pub fn latency(&self, p: Percentile) -> f64 {
+        match p {
+            Percentile::P95 => self.p95_ms,
+            Percentile::P99 => self.p99_ms,
+        }
+    }
+
+    /// Answered every request it sent, and sent some.
+    pub fn clean(&self) -> bool {
+        self.errors == 0 && self.requests > 0
+    }
 }
 
 /// The value below which a fraction `q` of the sorted `v` lies (nearest rank).
@@ -90,40 +108,125 @@ pub fn percentile(sorted: &[f64], q: f64) -> f64 {
     sorted[rank - 1]
 }
 
+#[derive(Default)]
 struct Tally {
     latencies_ms: Vec<f64>,
     errors: u64,
     error: Option<String>,
 }
 
-/// Warms up for `warmup`, then measures for `measure`.
+impl Tally {
+    fn absorb(&mut self, other: Tally) {
+        self.latencies_ms.extend(other.latencies_ms);
+        self.errors += other.errors;
+        if self.error.is_none() {
+            self.error = other.error;
+        }
+    }
+
+    fn sample(mut self, concurrency: usize, measure: Duration, avg_batch: f64, load: f64) -> Sample {
+        self.latencies_ms.sort_by(f64::total_cmp);
+        let n = self.latencies_ms.len() as u64;
+        Sample {
+            concurrency,
+            throughput: n as f64 / measure.as_secs_f64(),
+            p50_ms: percentile(&self.latencies_ms, 0.50),
+            p95_ms: percentile(&self.latencies_ms, 0.95),
+            p99_ms: percentile(&self.latencies_ms, 0.99),
+            requests: n,
+            errors: self.errors,
+            error: self.error,
+            avg_batch,
+            load,
+        }
+    }
+}
+
+/// One model under load: its request and its share of the traffic.
+pub struct Target<'a> {
+    pub model: &'a str,
+    pub http: &'a Http,
+    pub weight: f64,
+}
+
+/// What one concurrency measured: all the models together, and each model.
+pub struct MixSample {
+    pub combined: Sample,
+    pub models: Vec<Sample>,
+}
+
+/// A small deterministic generator (xorshift64*): each client picks its next model by weight.
+struct Pick(u64);
+
+impl Pick {
+    fn next(&mut self, cumulative: &[f64]) -> usize {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        let r = (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 11) as f64 / (1u64 << 53) as f64;
+        let total = cumulative.last().copied().unwrap_or(1.0);
+        cumulative.iter().position(|&c| r * total < c).unwrap_or(cumulative.len() - 1)
+    }
+}
+
+/// `concurrency` closed-loop clients, each sending its next request to a model drawn by the
+/// weights. Warms up for `warmup`, then measures for `measure`; the models' load (queued and
+/// executing) is sampled every 10 ms meanwhile.
 pub async fn drive(
     engine: &Arc<Engine>,
-    model: &str,
-    http: &Http,
+    targets: &[Target<'_>],
     concurrency: usize,
     warmup: Duration,
     measure: Duration,
-) -> Sample {
+) -> MixSample {
     let start = Instant::now() + warmup;
     let end = start + measure;
-    let model = engine.registry().resolve(model, None).ok();
-    let before = model.as_ref().map(|m| m.stats.snapshot());
+    let models: Vec<_> = targets.iter().map(|t| engine.registry().resolve(t.model, None).ok()).collect();
+    let before: Vec<_> = models.iter().map(|m| m.as_ref().map(|m| m.stats.snapshot())).collect();
+    let cumulative: Arc<Vec<f64>> = Arc::new(
+        targets
+            .iter()
+            .scan(0.0, |sum, t| {
+                *sum += t.weight;
+                Some(*sum)
+            })
+            .collect(),
+    );
+    let https: Arc<Vec<Http>> = Arc::new(targets.iter().map(|t| t.http.clone()).collect());
+    let sampler = {
+        let stats: Vec<_> = models.iter().map(|m| m.as_ref().map(|m| Arc::clone(&m.stats))).collect();
+        tokio::spawn(async move {
+            let (mut sums, mut n) = (vec![0i64; stats.len()], 0u64);
+            tokio::time::sleep_until(start.into()).await;
+            let mut tick = tokio::time::interval(Duration::from_millis(10));
+            while Instant::now() < end {
+                tick.tick().await;
+                for (sum, s) in sums.iter_mut().zip(&stats) {
+                    *sum += s.as_ref().map_or(0, |s| s.load().max(0));
+                }
+                n += 1;
+            }
+            sums.into_iter().map(|s| s as f64 / n.max(1) as f64).collect::<Vec<f64>>()
+        })
+    };
     let mut tasks = Vec::with_capacity(concurrency);
-    for _ in 0..concurrency {
-        let http = http.clone();
+    for client in 0..concurrency {
+        let (https, cumulative) = (Arc::clone(&https), Arc::clone(&cumulative));
         tasks.push(tokio::spawn(async move {
-            let mut t = Tally { latencies_ms: Vec::new(), errors: 0, error: None };
+            let mut tallies: Vec<Tally> = https.iter().map(|_| Tally::default()).collect();
+            let mut pick = Pick(0x9e37_79b9_7f4a_7c15 ^ (client as u64 + 1).wrapping_mul(0xbf58_476d_1ce4_e5b9));
             loop {
                 let sent = Instant::now();
                 if sent >= end {
                     break;
                 }
-                let result = http.send().await;
+                let i = if https.len() == 1 { 0 } else { pick.next(&cumulative) };
+                let result = https[i].send().await;
                 let answered = Instant::now();
                 if sent < start || answered > end {
                     continue;
                 }
+                let t = &mut tallies[i];
                 match result {
                     Ok(_) => t.latencies_ms.push((answered - sent).as_secs_f64() * 1e3),
                     Err(e) => {
@@ -132,44 +235,41 @@ pub async fn drive(
                     }
                 }
             }
-            t
+            tallies
         }));
     }
-    let mut all = Tally { latencies_ms: Vec::new(), errors: 0, error: None };
+    let mut all: Vec<Tally> = targets.iter().map(|_| Tally::default()).collect();
     for task in tasks {
         match task.await {
-            Ok(t) => {
-                all.latencies_ms.extend(t.latencies_ms);
-                all.errors += t.errors;
-                if all.error.is_none() {
-                    all.error = t.error;
-                }
-            }
+            Ok(tallies) => all.iter_mut().zip(tallies).for_each(|(a, t)| a.absorb(t)),
             Err(e) => {
-                all.errors += 1;
-                all.error.get_or_insert_with(|| format!("load task failed: {e}"));
+                all[0].errors += 1;
+                all[0].error.get_or_insert_with(|| format!("load task failed: {e}"));
             }
         }
     }
-    let after = model.as_ref().map(|m| m.stats.snapshot());
-    let avg_batch = match (before, after) {
-        (Some(b), Some(a)) if a.execution_count > b.execution_count => {
-            (a.inference_count - b.inference_count) as f64 / (a.execution_count - b.execution_count) as f64
-        }
-        _ => 0.0,
-    };
-    all.latencies_ms.sort_by(f64::total_cmp);
-    let n = all.latencies_ms.len() as u64;
-    Sample {
-        concurrency,
-        throughput: n as f64 / measure.as_secs_f64(),
-        p50_ms: percentile(&all.latencies_ms, 0.50),
-        p99_ms: percentile(&all.latencies_ms, 0.99),
-        requests: n,
-        errors: all.errors,
-        error: all.error,
-        avg_batch,
+    let loads = sampler.await.unwrap_or_else(|_| vec![0.0; targets.len()]);
+    let mut combined = Tally::default();
+    let mut samples = Vec::with_capacity(targets.len());
+    let (mut rows, mut executions) = (0u64, 0u64);
+    for (i, tally) in all.into_iter().enumerate() {
+        let after = models[i].as_ref().map(|m| m.stats.snapshot());
+        let (r, e) = match (&before[i], after) {
+            (Some(b), Some(a)) if a.execution_count > b.execution_count => {
+                (a.inference_count - b.inference_count, a.execution_count - b.execution_count)
+            }
+            _ => (0, 0),
+        };
+        rows += r;
+        executions += e;
+        let avg_batch = if e > 0 { r as f64 / e as f64 } else { 0.0 };
+        let part = Tally { latencies_ms: tally.latencies_ms.clone(), errors: tally.errors, error: tally.error.clone() };
+        combined.absorb(part);
+        samples.push(tally.sample(concurrency, measure, avg_batch, loads[i]));
     }
+    let avg_batch = if executions > 0 { rows as f64 / executions as f64 } else { 0.0 };
+    let combined = combined.sample(concurrency, measure, avg_batch, loads.iter().sum());
+    MixSample { combined, models: samples }
 }
 
 #[cfg(test)]

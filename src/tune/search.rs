@@ -1,7 +1,7 @@
 //! What `ferry tune` tries, and how it picks. A point is one config (instances, intra-op threads,
 //! batch sizes, queue delay), measured at every concurrency asked for. The sweep goes in stages,
 //! each around the best so far: instance count x threads, then the queue delay, then the batch
-//! sizes. The best point answers the most requests per second with its p99 within the target.
+//! sizes. Several models are searched one after the other, the others held at their best so far.
 use serde::Serialize;
 
 use crate::proto::inference::{
@@ -17,6 +17,7 @@ fn dynamic_batching(config: &ModelConfig) -> Option<&ModelDynamicBatching> {
 }
 
 use super::drive::Sample;
+use crate::config::Percentile;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Point {
@@ -46,39 +47,46 @@ impl Point {
     }
 }
 
-/// A measured point: its samples, one per concurrency.
-#[derive(Debug, Clone, Serialize)]
+/// A measured combination: one point per model (in the order the models were given), its
+/// samples at each concurrency for all the models together, and each model's.
+#[derive(Debug, Clone)]
 pub struct Measured {
-    pub point: Point,
+    pub points: Vec<Point>,
+    /// The configs as they are today.
     pub baseline: bool,
+    /// All the models together, one per concurrency: requests/s summed, percentiles over every request.
     pub samples: Vec<Sample>,
-    /// What the version's instances hold (ONNX Runtime sessions, Python processes), bytes.
-    pub model_bytes: u64,
+    /// `[model][concurrency]`.
+    pub per_model: Vec<Vec<Sample>>,
+    /// What each model's instances hold (ONNX Runtime sessions, Python processes), bytes.
+    pub model_bytes: Vec<u64>,
     /// This process's resident memory after the point, bytes.
     pub resident_bytes: u64,
     pub load_secs: f64,
 }
 
 impl Measured {
-    /// The sample this point is judged by: the most requests per second whose p99 is within the
-    /// target (any p99 without one), with no failed request.
-    pub fn best_sample(&self, target_ms: Option<f64>) -> Option<&Sample> {
-        self.samples
-            .iter()
-            .filter(|s| s.errors == 0 && s.requests > 0 && target_ms.is_none_or(|t| s.p99_ms <= t))
-            .max_by(|a, b| a.throughput.total_cmp(&b.throughput))
+    pub fn memory_bytes(&self) -> u64 {
+        self.model_bytes.iter().sum()
     }
-}
 
-/// The best measured point: highest throughput within the target; within 3% of it, the lower p99
-/// wins (fewer threads and instances for the same work).
-pub fn best(measured: &[Measured], target_ms: Option<f64>) -> Option<(&Measured, &Sample)> {
-    let top = measured.iter().filter_map(|m| m.best_sample(target_ms)).map(|s| s.throughput).fold(0.0, f64::max);
-    measured
-        .iter()
-        .filter_map(|m| m.best_sample(target_ms).map(|s| (m, s)))
-        .filter(|(_, s)| s.throughput >= 0.97 * top)
-        .min_by(|a, b| a.1.p99_ms.total_cmp(&b.1.p99_ms))
+    /// The slowest model's latency at concurrency index `i` (every model must meet the budget).
+    pub fn worst_latency(&self, i: usize, p: Percentile) -> f64 {
+        self.per_model.iter().filter_map(|m| m.get(i)).map(|s| s.latency(p)).fold(0.0, f64::max)
+    }
+
+    /// Every model answered every request at concurrency index `i`.
+    pub fn clean(&self, i: usize) -> bool {
+        self.per_model.iter().all(|m| m.get(i).is_some_and(Sample::clean))
+    }
+
+    /// "2 inst x 1 thr, ..." for one model, "a: ...; b: ..." for several.
+    pub fn describe(&self, names: &[String]) -> String {
+        if self.points.len() == 1 {
+            return self.points[0].describe();
+        }
+        names.iter().zip(&self.points).map(|(n, p)| format!("{n}: {}", p.describe())).collect::<Vec<_>>().join("; ")
+    }
 }
 
 /// Instance counts 1, 2, 4, ... up to `max`, with the cores shared between them.
@@ -160,45 +168,6 @@ pub fn point_of(config: &ModelConfig, cores: usize) -> Point {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn sample(concurrency: usize, throughput: f64, p99_ms: f64) -> Sample {
-        Sample {
-            concurrency,
-            throughput,
-            p50_ms: p99_ms / 2.0,
-            p99_ms,
-            requests: 100,
-            errors: 0,
-            error: None,
-            avg_batch: 1.0,
-        }
-    }
-
-    fn measured(instances: usize, samples: Vec<Sample>) -> Measured {
-        let point =
-            Point { instances, threads: 1, max_batch_size: 8, preferred_batch_size: None, queue_delay_us: Some(0) };
-        Measured { point, baseline: false, samples, model_bytes: 0, resident_bytes: 0, load_secs: 0.0 }
-    }
-
-    #[test]
-    fn best_respects_the_latency_target() {
-        let a = measured(1, vec![sample(1, 100.0, 2.0), sample(16, 900.0, 30.0)]);
-        let b = measured(2, vec![sample(1, 120.0, 1.5), sample(16, 700.0, 9.0)]);
-        let all = [a, b];
-        let (m, s) = best(&all, None).unwrap();
-        assert_eq!((m.point.instances, s.concurrency), (1, 16));
-        let (m, s) = best(&all, Some(10.0)).unwrap();
-        assert_eq!((m.point.instances, s.concurrency), (2, 16));
-        assert!(best(&all, Some(1.0)).is_none());
-    }
-
-    #[test]
-    fn a_point_with_failures_never_wins() {
-        let mut bad = sample(16, 5000.0, 1.0);
-        bad.errors = 3;
-        let all = [measured(1, vec![bad]), measured(2, vec![sample(16, 100.0, 5.0)])];
-        assert_eq!(best(&all, None).unwrap().0.point.instances, 2);
-    }
 
     #[test]
     fn layouts_share_the_cores() {

@@ -1,7 +1,10 @@
 """`ferry tune`: on a small model it finishes within its budget, reports every point it measured,
 writes a complete config.pbtxt that loads and serves as it is (with auto-complete off), and its
-throughput is the same order as perf_analyzer measures against that config. No speed is asserted."""
+throughput is the same order as perf_analyzer measures against that config. Its HTML report
+renders its charts in a real browser with the JSON report's numbers; two models are tuned
+together into two configs that serve; constraints nothing meets are named. No speed is asserted."""
 import json
+import math
 import os
 import re
 import shutil
@@ -12,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import models
+from browser import chromium, full_page_screenshot
 from ferry_server import BINARY, Server
 
 BUDGET = 24
@@ -55,7 +59,7 @@ def tuned(tmp_path_factory):
     mlp(repo)
     out, report = tmp / "config.pbtxt", tmp / "report.json"
     run = tune("--model-repository", repo, "--model", "mlp", "--budget-secs", str(BUDGET), "--concurrency", "1,8",
-               "--output", str(out), "--report", str(report), "--target-rps", "5000")
+               "--output", str(out), "--report", str(report), "--target-rps", "5000", "--latency-budget-ms", "500")
     assert run.returncode == 0, run.stdout + run.stderr
     return repo, out, json.loads(report.read_text()), run
 
@@ -77,8 +81,16 @@ def test_reports_every_point_within_the_budget(tuned):
     top = max(s["throughput"] for p in points for s in p["samples"])
     assert best["sample"]["throughput"] >= 0.97 * top
     text = run.stdout
-    assert "In-process ceiling" in text and "Best:" in text
+    assert "In-process ceiling" in text and "Best within p99 <= 500 ms:" in text
     assert re.search(r"Sizing: \d+ replicas? of this \d+-core machine for 5000 requests/s at p99 <= [\d.]+ ms", text), text
+    # The autoscaling targets come from the point measured: the load it held, 80% of its rate.
+    sizing = report["sizing"]
+    assert sizing["replicas"] == math.ceil(5000 / best["sample"]["throughput"])
+    assert sizing["measured_load"] == best["sample"]["load"] and sizing["inference_load_target"] > 0
+    assert f"autoscaling.inferenceLoad.averageValue={sizing['inference_load_target']}" in text
+    assert f"target_inference_load = {sizing['inference_load_target']}" in text
+    rpm = int(best["sample"]["throughput"] * 60 * 0.8)
+    assert sizing["requests_per_minute_target"] == rpm and f"request-counts-per-minute={rpm}" in text
     # The progress bar went to stderr, one line per point when not on a terminal.
     assert run.stderr.count("ferry tune [") >= len(points)
 
@@ -131,6 +143,20 @@ def test_bad_requests_are_named(tmp_path):
     assert run.returncode != 0 and "[65]" in run.stderr and "[64]" in run.stderr, run.stderr
     run = tune("--model-repository", repo, "--model", "mlp", "--concurrency", "0")
     assert run.returncode != 0 and "--concurrency" in run.stderr, run.stderr
+    run = tune("--model-repository", repo, "--model", "mlp", "--model", "other", "--mix", "mlp=70")
+    assert run.returncode != 0 and "give 'other' a weight" in run.stderr, run.stderr
+    run = tune("--model-repository", repo, "--model", "mlp", "--mix", "nope=1")
+    assert run.returncode != 0 and "'nope' is not one of the --model names" in run.stderr, run.stderr
+    run = tune("--model-repository", repo, "--model", "mlp", "--mix", "mlp=-1")
+    assert run.returncode != 0 and "above 0" in run.stderr, run.stderr
+    run = tune("--model-repository", repo, "--model", "mlp", "--latency-percentile", "p90")
+    assert run.returncode != 0 and "p99 or p95" in run.stderr, run.stderr
+    run = tune("--model-repository", repo, "--model", "mlp", "--objective", "cost")
+    assert run.returncode != 0 and "throughput or latency" in run.stderr, run.stderr
+    run = tune("--model-repository", repo, "--model", "mlp", "--max-memory-mib", "0")
+    assert run.returncode != 0 and "--max-memory-mib" in run.stderr, run.stderr
+    run = tune("--model-repository", repo, "--model", "mlp", "--model", "mlp")
+    assert run.returncode != 0 and "give each model once" in run.stderr, run.stderr
 
 
 def test_models_that_need_real_values_take_input_data(tmp_path):
@@ -146,3 +172,143 @@ def test_models_that_need_real_values_take_input_data(tmp_path):
                "--input-data", str(data), "--report", str(report))
     assert run.returncode == 0, run.stderr
     assert all(s["errors"] == 0 and s["requests"] > 0 for p in json.loads(report.read_text())["points"] for s in p["samples"])
+
+
+def test_html_report_renders_its_charts_with_the_json_numbers(tuned, tmp_path):
+    _, out, report, run = tuned
+    page = out.with_suffix(".report.html")
+    assert page.is_file() and f"Report written to {page}" in run.stdout
+    html = page.read_text()
+    assert "http://" not in html.replace("http://www.w3.org", "") and "https://" not in html, "self-contained"
+    assert "<script" not in html
+    points = report["points"]
+    clean = [(i, s) for i, p in enumerate(points) for s in p["samples"] if s["errors"] == 0 and s["requests"] > 0]
+    with chromium() as d:
+        d.get(page.as_uri())
+        charts = d.find_elements("css selector", "svg.chart")
+        ids = {c.get_attribute("id") for c in charts}
+        assert {"chart-pareto", "chart-throughput", "chart-latency", "chart-batch", "chart-memory",
+                "chart-ceiling"} <= ids, ids
+        for c in charts:
+            assert c.size["width"] > 200 and c.size["height"] > 100, (c.get_attribute("id"), c.size)
+        # Every clean sample is a mark on the throughput-latency chart, with the JSON's numbers.
+        dots = d.find_elements("css selector", "#chart-pareto circle.dot:not(.chosen)")
+        assert len(dots) == len(clean)
+        marks = sorted((int(e.get_attribute("data-point")), int(e.get_attribute("data-concurrency")),
+                        float(e.get_attribute("data-throughput")), float(e.get_attribute("data-latency"))) for e in dots)
+        assert marks == sorted((i, s["concurrency"], s["throughput"], s["p99_ms"]) for i, s in clean)
+        assert d.find_elements("css selector", "#chart-pareto polyline.pareto")
+        budget = d.find_elements("css selector", "#chart-pareto line.rule.budget")
+        assert len(budget) == 1 and float(budget[0].get_attribute("data-value")) == 500
+        chosen = d.find_element("css selector", "#chart-pareto circle.dot.chosen")
+        assert int(chosen.get_attribute("data-point")) == report["best"]["index"]
+        assert float(chosen.get_attribute("data-throughput")) == report["best"]["sample"]["throughput"]
+        assert len(d.find_elements("css selector", "#chart-batch rect.bar")) == len(points)
+        assert len(d.find_elements("css selector", "#chart-ceiling circle.dot")) == len(report["ceiling"])
+        # The table holds every number of every sample, as the JSON has it.
+        rows = d.find_elements("css selector", "#numbers tbody tr[data-model='all']")
+        table = sorted((int(r.get_attribute("data-point")), int(r.get_attribute("data-concurrency")),
+                        float(r.get_attribute("data-throughput")), float(r.get_attribute("data-p50")),
+                        float(r.get_attribute("data-p95")), float(r.get_attribute("data-p99")),
+                        float(r.get_attribute("data-batch")), int(r.get_attribute("data-bytes")),
+                        int(r.get_attribute("data-errors"))) for r in rows)
+        assert table == sorted((i, s["concurrency"], s["throughput"], s["p50_ms"], s["p95_ms"], s["p99_ms"],
+                                s["avg_batch"], p["memory_bytes"], s["errors"])
+                               for i, p in enumerate(points) for s in p["samples"])
+        rec = d.find_element("css selector", "#recommended")
+        assert int(rec.get_attribute("data-point")) == report["best"]["index"]
+        assert report["best"]["reasons"][0] in rec.text
+        assert "autoscaling.inferenceLoad.averageValue" in d.find_element("css selector", "#sizing").text
+        assert d.find_element("css selector", "#machine").text.count("\n") >= 4
+        # No script error, no failed resource.
+        severe = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
+        assert not severe, severe
+        shot = os.environ.get("FERRY_TUNE_SCREENSHOT") or str(tmp_path / "report.png")
+        full_page_screenshot(d, shot)
+        assert os.path.getsize(shot) > 20_000
+    # On a phone the charts still fit the page: nothing scrolls sideways but the table.
+    with chromium(phone=True) as d:
+        d.get(page.as_uri())
+        width = d.execute_script("return document.documentElement.scrollWidth")
+        assert width <= d.execute_script("return window.innerWidth") + 1, width
+        assert d.find_element("css selector", "#chart-pareto").size["width"] <= 390
+        full_page_screenshot(d, tmp_path / "phone.png")
+
+
+def test_two_models_tuned_together_write_two_configs_that_serve(tmp_path):
+    repo = tmp_path / "repo"
+    mlp(str(repo), "big", width=192, layers=3)
+    mlp(str(repo), "small", width=32, layers=2)
+    out, report = tmp_path / "configs", tmp_path / "r.json"
+    run = tune("--model-repository", str(repo), "--model", "big", "--model", "small", "--mix", "big=3,small=1",
+               "--budget-secs", "16", "--concurrency", "2,8", "--output", str(out), "--report", str(report))
+    assert run.returncode == 0, run.stdout + run.stderr
+    r = json.loads(report.read_text())
+    assert [m["model"] for m in r["models"]] == ["big", "small"] and r["models"][0]["weight"] == 3
+    assert (out / "tune-report.html").is_file()
+    assert len(r["points"]) >= 4 and r["points"][0]["baseline"]
+    sent = {"big": 0, "small": 0}
+    for p in r["points"]:
+        assert [m["model"] for m in p["models"]] == ["big", "small"]
+        assert p["memory_bytes"] == sum(m["model_bytes"] for m in p["models"])
+        for j, s in enumerate(p["samples"]):
+            each = [m["samples"][j] for m in p["models"]]
+            # The combined sample is the sum of the models' requests, and no model is faster
+            # than the slowest request of all.
+            assert s["requests"] == sum(e["requests"] for e in each) and s["errors"] == 0
+            assert s["p99_ms"] <= max(e["p99_ms"] for e in each) + 1e-9
+            for m, e in zip(p["models"], each):
+                sent[m["model"]] += e["requests"]
+    share = sent["big"] / (sent["big"] + sent["small"])
+    assert 0.6 < share < 0.9, sent
+    # Both points vary between points: each model had its own search.
+    assert len({json.dumps(p["models"][0]["point"]) for p in r["points"]}) > 1
+    assert len({json.dumps(p["models"][1]["point"]) for p in r["points"]}) > 1
+    best = r["best"]["models"]
+    assert "Each model: big" in run.stdout
+    serve_repo = tmp_path / "serve"
+    for name, b in zip(["big", "small"], best):
+        written = out / name / "config.pbtxt"
+        assert written.read_text() == b["config"]
+        shutil.copytree(repo / name, serve_repo / name)
+        shutil.copy(written, serve_repo / name / "config.pbtxt")
+    import tritonclient.grpc as grpcclient
+    import tritonclient.http as httpclient
+    import onnxruntime as ort
+    with Server(["--model-repository", str(serve_repo), "--disable-auto-complete-config"]) as s:
+        x = np.random.default_rng(1).standard_normal((3, 64)).astype(np.float32)
+        for name, b in zip(["big", "small"], best):
+            config = s.client().get_model_config(name)
+            assert sum(g["count"] for g in config["instance_group"]) == b["point"]["instances"]
+            sess = ort.InferenceSession(str(repo / name / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+            want = sess.run(None, {"X": x})[0]
+            h = httpclient.InferInput("X", [3, 64], "FP32")
+            h.set_data_from_numpy(x)
+            np.testing.assert_allclose(s.client().infer(name, [h]).as_numpy("Y"), want, rtol=1e-5)
+            g = grpcclient.InferInput("X", [3, 64], "FP32")
+            g.set_data_from_numpy(x)
+            np.testing.assert_allclose(s.grpc_client().infer(name, [g]).as_numpy("Y"), want, rtol=1e-5)
+
+
+def test_infeasible_constraints_name_themselves_and_the_closest_point(tmp_path):
+    repo = str(tmp_path / "repo")
+    mlp(repo)
+    report, page = tmp_path / "r.json", tmp_path / "r.html"
+    run = tune("--model-repository", repo, "--model", "mlp", "--budget-secs", "5", "--concurrency", "1",
+               "--latency-budget-ms", "0.001", "--latency-percentile", "p95", "--min-throughput", "100000000",
+               "--report", str(report), "--report-html", str(page))
+    assert run.returncode != 0
+    err = run.stderr
+    assert "no config met p95 <= 0.001 ms, >= 100000000 requests/s" in err, err
+    assert "--latency-budget-ms 0.001: no config kept p95 within 0.001 ms (the lowest measured:" in err, err
+    assert "--min-throughput 100000000: no config reached" in err and "the closest:" in err, err
+    r = json.loads(report.read_text())
+    assert r["best"] is None and len(r["infeasible"]["unmet"]) == 2 and r["infeasible"]["closest"] is not None
+    assert r["constraints"]["percentile"] == "p95"
+    lowest = min(s["p95_ms"] for p in r["points"] for s in p["samples"])
+    assert f"(the lowest measured: {lowest:.3f} ms)" in err
+    assert "No config met the constraints." in page.read_text()
+    # A generous budget in memory but none in latency: only the latency is named.
+    run = tune("--model-repository", repo, "--model", "mlp", "--budget-secs", "4", "--concurrency", "1",
+               "--latency-budget-ms", "0.001", "--max-memory-mib", "100000")
+    assert run.returncode != 0 and "--latency-budget-ms 0.001" in run.stderr and "--max-memory-mib" not in run.stderr
