@@ -29,7 +29,7 @@ mod tune;
 
 pub use platform::{Mode, Platform};
 pub use storage::Storage;
-pub use tune::{Objective, Percentile, TuneSettings};
+pub use tune::{Objective, Percentile, TuneSettings, is_folder};
 
 #[derive(Parser, Debug)]
 #[command(

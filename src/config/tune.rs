@@ -145,7 +145,7 @@ impl TuneArgs {
         concurrency.sort_unstable();
         concurrency.dedup();
         let report_html = self.report_html.clone().or_else(|| match (&self.output, &self.report) {
-            (Some(out), _) if models.len() > 1 || out.is_dir() => Some(out.join("tune-report.html")),
+            (Some(out), _) if models.len() > 1 || is_folder(out) => Some(out.join("tune-report.html")),
             (Some(out), _) => Some(out.with_extension("report.html")),
             (None, Some(report)) => Some(report.with_extension("html")),
             (None, None) => None,
@@ -170,6 +170,11 @@ impl TuneArgs {
             cores,
         })
     }
+}
+
+/// A folder that exists, or a path written as one (`tuned/`): where a config per model goes.
+pub fn is_folder(path: &std::path::Path) -> bool {
+    path.is_dir() || path.as_os_str().to_string_lossy().ends_with('/')
 }
 
 /// `A=70,B=30`: a positive weight for every model, each named once.

@@ -104,7 +104,7 @@ impl Run<'_> {
     /// Where each model's config goes: the file given (one model), or FOLDER/<model>/config.pbtxt.
     fn config_paths(&self) -> Option<Vec<PathBuf>> {
         let out = self.settings.output.as_ref()?;
-        if self.subjects.len() == 1 && !out.is_dir() {
+        if self.subjects.len() == 1 && !crate::config::is_folder(out) {
             return Some(vec![out.clone()]);
         }
         Some(self.subjects.iter().map(|s| out.join(&s.name).join("config.pbtxt")).collect())

@@ -106,7 +106,7 @@ pub struct Sizing {
     pub replicas: Option<u64>,
     /// `ferry_inference_load` (queued + executing, all models) measured at that point.
     pub measured_load: f64,
-    /// The per-replica load to scale out above: what the point held (one decimal, at least 0.1).
+    /// The per-replica load to scale out above: what the point held (to one decimal, at least 0.1).
     pub inference_load_target: f64,
     /// 80% of the measured rate, per minute: Vertex AI's `request-counts-per-minute` and
     /// SageMaker's `SageMakerVariantInvocationsPerInstance`, which see only request counts.
@@ -125,7 +125,7 @@ pub fn sizing(best: &Sample, latency_ms: f64, percentile: Percentile, target_rps
             .filter(|_| best.throughput > 0.0)
             .map(|rps| (rps / best.throughput).ceil().max(1.0) as u64),
         measured_load: best.load,
-        inference_load_target: ((best.load * 10.0).floor() / 10.0).max(0.1),
+        inference_load_target: ((best.load * 10.0).round() / 10.0).max(0.1),
         requests_per_minute_target: (best.throughput * 60.0 * 0.8).floor().max(1.0) as u64,
     }
 }
