@@ -23,6 +23,7 @@ pub mod admission;
 pub mod backend;
 pub mod cache;
 pub mod classify;
+pub mod clock;
 pub mod config;
 pub mod device;
 pub mod engine;

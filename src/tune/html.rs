@@ -7,7 +7,7 @@ use std::fmt::Write;
 
 use super::{
     machine::Machine,
-    output::{Run, Verdict},
+    outcome::{Run, Verdict},
     search::Measured,
     svg::{self, Chart, Dot, Rule, Series, esc},
 };
@@ -345,28 +345,27 @@ impl Page<'_> {
                         (Some(_), _) => r#" class="sub""#,
                         _ => "",
                     };
+                    let metrics: [(&str, f64, usize); 6] = [
+                        ("throughput", s.throughput, 1),
+                        ("p50", s.p50_ms, 3),
+                        ("p95", s.p95_ms, 3),
+                        ("p99", s.p99_ms, 3),
+                        ("batch", s.avg_batch, 2),
+                        ("load", s.load, 1),
+                    ];
+                    let attrs: String = metrics.iter().map(|(n, v, _)| format!(r#" data-{n}="{v}""#)).collect();
+                    let cells: String = metrics.iter().map(|(_, v, d)| format!("<td>{v:.d$}</td>")).collect();
+                    let first = j == 0 && k.is_none();
                     let _ = write!(
                         out,
-                        r#"<tr{cls} data-point="{i}" data-model="{}" data-concurrency="{}" data-throughput="{}" data-p50="{}" data-p95="{}" data-p99="{}" data-batch="{}" data-load="{}" data-bytes="{bytes}" data-errors="{}"><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{:.1}</td><td>{:.3}</td><td>{:.3}</td><td>{:.3}</td><td>{:.2}</td><td>{:.1}</td><td>{:.1}</td><td>{}</td></tr>"#,
+                        r#"<tr{cls} data-point="{i}" data-model="{}" data-concurrency="{}"{attrs} data-bytes="{bytes}" data-errors="{}"><td>{}</td><td>{}</td><td>{}</td><td>{}</td>{cells}<td>{:.1}</td><td>{}</td></tr>"#,
                         esc(&model),
                         s.concurrency,
-                        s.throughput,
-                        s.p50_ms,
-                        s.p95_ms,
-                        s.p99_ms,
-                        s.avg_batch,
-                        s.load,
                         s.errors,
-                        if j == 0 && k.is_none() { (i + 1).to_string() } else { String::new() },
-                        if j == 0 && k.is_none() { esc(&self.label(i, m)) } else { String::new() },
+                        if first { (i + 1).to_string() } else { String::new() },
+                        if first { esc(&self.label(i, m)) } else { String::new() },
                         esc(&model),
                         s.concurrency,
-                        s.throughput,
-                        s.p50_ms,
-                        s.p95_ms,
-                        s.p99_ms,
-                        s.avg_batch,
-                        s.load,
                         bytes as f64 / MIB,
                         s.errors
                     );

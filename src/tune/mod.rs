@@ -20,6 +20,7 @@ mod constraints;
 mod drive;
 mod html;
 mod machine;
+mod outcome;
 mod output;
 mod progress;
 mod report;
@@ -149,7 +150,7 @@ pub async fn run(config: &Config, core: Core, settings: TuneSettings) -> Result<
     for s in &subjects {
         let _ = core.repository.unload(&s.name, false).await;
     }
-    let run = output::Run {
+    let run = outcome::Run {
         settings: &settings,
         subjects: &subjects,
         ceilings: &ceilings,

@@ -17,6 +17,7 @@ mod scan;
 const LAYERS: &[(&str, u8)] = &[
     ("admission", 0),
     ("classify", 0),
+    ("clock", 0),
     ("device", 0),
     ("error", 0),
     ("names", 0),

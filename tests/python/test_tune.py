@@ -143,20 +143,17 @@ def test_bad_requests_are_named(tmp_path):
     assert run.returncode != 0 and "[65]" in run.stderr and "[64]" in run.stderr, run.stderr
     run = tune("--model-repository", repo, "--model", "mlp", "--concurrency", "0")
     assert run.returncode != 0 and "--concurrency" in run.stderr, run.stderr
-    run = tune("--model-repository", repo, "--model", "mlp", "--model", "other", "--mix", "mlp=70")
-    assert run.returncode != 0 and "give 'other' a weight" in run.stderr, run.stderr
-    run = tune("--model-repository", repo, "--model", "mlp", "--mix", "nope=1")
-    assert run.returncode != 0 and "'nope' is not one of the --model names" in run.stderr, run.stderr
-    run = tune("--model-repository", repo, "--model", "mlp", "--mix", "mlp=-1")
-    assert run.returncode != 0 and "above 0" in run.stderr, run.stderr
-    run = tune("--model-repository", repo, "--model", "mlp", "--latency-percentile", "p90")
-    assert run.returncode != 0 and "p99 or p95" in run.stderr, run.stderr
-    run = tune("--model-repository", repo, "--model", "mlp", "--objective", "cost")
-    assert run.returncode != 0 and "throughput or latency" in run.stderr, run.stderr
-    run = tune("--model-repository", repo, "--model", "mlp", "--max-memory-mib", "0")
-    assert run.returncode != 0 and "--max-memory-mib" in run.stderr, run.stderr
-    run = tune("--model-repository", repo, "--model", "mlp", "--model", "mlp")
-    assert run.returncode != 0 and "give each model once" in run.stderr, run.stderr
+    for args, named in [
+        (["--model", "other", "--mix", "mlp=70"], "give 'other' a weight"),
+        (["--mix", "nope=1"], "'nope' is not one of the --model names"),
+        (["--mix", "mlp=-1"], "above 0"),
+        (["--latency-percentile", "p90"], "p99 or p95"),
+        (["--objective", "cost"], "throughput or latency"),
+        (["--max-memory-mib", "0"], "--max-memory-mib"),
+        (["--model", "mlp"], "give each model once"),
+    ]:
+        run = tune("--model-repository", repo, "--model", "mlp", *args)
+        assert run.returncode != 0 and named in run.stderr, (args, run.stderr)
 
 
 def test_models_that_need_real_values_take_input_data(tmp_path):

@@ -51,18 +51,8 @@ impl std::io::Write for Bounded {
 
 /// `strftime_now(format)`: the UTC date and time; `%d %b %Y %m %B %H %M %S %y %%` are known.
 fn strftime_now(format: String) -> String {
-    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()) as i64;
-    let (days, rest) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let now = crate::clock::Utc::now();
+    let (year, month, day) = (now.year, now.month, now.day);
     const MONTHS: [&str; 12] = [
         "January",
         "February",
@@ -92,9 +82,9 @@ fn strftime_now(format: String) -> String {
             Some('y') => out.push_str(&format!("{:02}", year % 100)),
             Some('b') => out.push_str(&name[..3]),
             Some('B') => out.push_str(name),
-            Some('H') => out.push_str(&format!("{:02}", rest / 3600)),
-            Some('M') => out.push_str(&format!("{:02}", rest / 60 % 60)),
-            Some('S') => out.push_str(&format!("{:02}", rest % 60)),
+            Some('H') => out.push_str(&format!("{:02}", now.hour)),
+            Some('M') => out.push_str(&format!("{:02}", now.minute)),
+            Some('S') => out.push_str(&format!("{:02}", now.second)),
             Some('%') => out.push('%'),
             Some(other) => {
                 out.push('%');
