@@ -220,6 +220,10 @@ def test_html_report_renders_its_charts_with_the_json_numbers(tuned, tmp_path):
         # No script error, no failed resource.
         severe = [e for e in d.get_log("browser") if e["level"] == "SEVERE"]
         assert not severe, severe
+        # It prints: Chromium's own print to PDF lays it out into pages.
+        import base64
+        pdf = base64.b64decode(d.print_page())
+        assert pdf.startswith(b"%PDF") and len(re.findall(rb"/Type\s*/Page(?!s)", pdf)) >= 2, len(pdf)
         shot = os.environ.get("FERRY_TUNE_SCREENSHOT") or str(tmp_path / "report.png")
         full_page_screenshot(d, shot)
         assert os.path.getsize(shot) > 20_000
