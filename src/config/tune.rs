@@ -73,20 +73,44 @@ pub(super) struct TuneArgs {
 
 impl TuneArgs {
     pub(super) fn settings(&self, cores: usize) -> Result<TuneSettings, clap::Error> {
-        if self.budget_secs == 0 {
-            return Err(invalid("--budget-secs must be at least 1"));
+        if self.budget_secs == 0 || self.budget_secs > MAX_BUDGET_SECS {
+            return Err(invalid(format!("--budget-secs must be from 1 to {MAX_BUDGET_SECS} (a day)")));
         }
-        if self.concurrency.is_empty() || self.concurrency.contains(&0) {
-            return Err(invalid("--concurrency: give one or more counts of at least 1, e.g. 1,4,16"));
+        if self.concurrency.is_empty() || self.concurrency.iter().any(|&c| c == 0 || c > MAX_CONCURRENCY) {
+            return Err(invalid(format!(
+                "--concurrency: give one or more counts from 1 to {MAX_CONCURRENCY}, e.g. 1,4,16"
+            )));
         }
-        let positive = |v: Option<f64>, flag: &str| match v {
-            Some(v) if !(v.is_finite() && v > 0.0) => Err(invalid(format!("{flag} must be a number above 0"))),
+        if self.concurrency.len() > MAX_LEVELS {
+            return Err(invalid(format!("--concurrency: at most {MAX_LEVELS} levels")));
+        }
+        // Bounded, so that every sum, axis and replica count the report draws from them is finite.
+        let positive = |v: Option<f64>, flag: &str, most: f64| match v {
+            Some(v) if !(v.is_finite() && v > 0.0 && v <= most) => {
+                Err(invalid(format!("{flag} must be a number above 0 and at most {most}")))
+            }
             _ => Ok(()),
         };
-        positive(self.latency_budget_ms, "--latency-budget-ms")?;
-        positive(self.min_throughput, "--min-throughput")?;
-        positive(self.max_memory_mib, "--max-memory-mib")?;
-        positive(self.target_rps, "--target-rps")?;
+        positive(self.latency_budget_ms, "--latency-budget-ms", 1e7)?;
+        positive(self.min_throughput, "--min-throughput", 1e12)?;
+        positive(self.max_memory_mib, "--max-memory-mib", 1e9)?;
+        positive(self.target_rps, "--target-rps", 1e12)?;
+        for (flag, path) in
+            [("--output", &self.output), ("--report", &self.report), ("--report-html", &self.report_html)]
+        {
+            match path {
+                Some(p) if p.as_os_str().is_empty() => return Err(invalid(format!("{flag}: give a path"))),
+                Some(p) if flag != "--output" && p.is_dir() => {
+                    return Err(invalid(format!("{flag} {}: is a folder; give a file", p.display())));
+                }
+                Some(p) => {
+                    if let Some(parent) = p.parent().filter(|d| d.exists() && !d.is_dir()) {
+                        return Err(invalid(format!("{flag} {}: {} is not a folder", p.display(), parent.display())));
+                    }
+                }
+                None => {}
+            }
+        }
         let percentile = match self.latency_percentile.to_ascii_lowercase().as_str() {
             "p99" | "99" => Percentile::P99,
             "p95" | "95" => Percentile::P95,
@@ -145,11 +169,18 @@ impl TuneArgs {
         concurrency.sort_unstable();
         concurrency.dedup();
         let report_html = self.report_html.clone().or_else(|| match (&self.output, &self.report) {
+            (None, Some(report)) if report.extension().is_some_and(|e| e == "html") => {
+                Some(report.with_extension("report.html"))
+            }
             (Some(out), _) if models.len() > 1 || is_folder(out) => Some(out.join("tune-report.html")),
             (Some(out), _) => Some(out.with_extension("report.html")),
             (None, Some(report)) => Some(report.with_extension("html")),
             (None, None) => None,
         });
+        let same = [&self.output, &self.report, &report_html].into_iter().flatten().collect::<Vec<_>>();
+        if (1..same.len()).any(|i| same[..i].contains(&same[i])) {
+            return Err(invalid("--output, --report and --report-html must be different files"));
+        }
         Ok(TuneSettings {
             models,
             mix,
@@ -172,6 +203,11 @@ impl TuneArgs {
     }
 }
 
+const MAX_BUDGET_SECS: u64 = 86_400;
+/// Clients a level may run (each one connection to the loopback front-end).
+const MAX_CONCURRENCY: usize = 1024;
+const MAX_LEVELS: usize = 16;
+
 /// A folder that exists, or a path written as one (`tuned/`): where a config per model goes.
 pub fn is_folder(path: &std::path::Path) -> bool {
     path.is_dir() || path.as_os_str().to_string_lossy().ends_with('/')
@@ -192,9 +228,9 @@ fn parse_mix(text: &str, models: &[String]) -> Result<Vec<f64>, clap::Error> {
             )));
         };
         match weight.trim().parse::<f64>() {
-            Ok(w) if w.is_finite() && w > 0.0 && weights[i].is_none() => weights[i] = Some(w),
+            Ok(w) if w.is_finite() && w > 0.0 && w <= 1e6 && weights[i].is_none() => weights[i] = Some(w),
             Ok(_) if weights[i].is_some() => return Err(invalid(format!("--mix: '{name}' is given twice"))),
-            _ => return Err(invalid(format!("--mix {part}: the weight must be a number above 0"))),
+            _ => return Err(invalid(format!("--mix {part}: the weight must be a number above 0 and at most 1000000"))),
         }
     }
     models

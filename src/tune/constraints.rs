@@ -10,6 +10,11 @@ use super::search::Measured;
 
 const MIB: f64 = 1024.0 * 1024.0;
 
+/// "512.0 MiB", or bytes below one MiB.
+fn size(bytes: u64) -> String {
+    if bytes < 1 << 20 { format!("{bytes} bytes") } else { format!("{:.1} MiB", bytes as f64 / MIB) }
+}
+
 #[derive(Debug, Clone, Copy)]
 pub struct Constraints {
     pub latency_ms: Option<f64>,
@@ -59,7 +64,7 @@ impl Constraints {
             parts.push(format!(">= {t} requests/s"));
         }
         if let Some(m) = self.max_memory_bytes {
-            parts.push(format!("<= {:.1} MiB", m as f64 / MIB));
+            parts.push(format!("<= {}", size(m)));
         }
         parts.join(", ")
     }
@@ -145,10 +150,10 @@ impl Constraints {
         {
             let least = clean.iter().map(|(_, m)| m.memory_bytes()).min().unwrap_or(0);
             unmet.push(format!(
-                "--max-memory-mib {}: every config holds more than {:.1} MiB (the least measured: {:.1} MiB)",
+                "--max-memory-mib {}: every config holds more than {} (the least measured: {})",
                 b as f64 / MIB,
-                b as f64 / MIB,
-                least as f64 / MIB
+                size(b),
+                size(least)
             ));
         }
         let closest = clean

@@ -42,7 +42,7 @@ impl Http {
             body.extend_from_slice(&t.data);
         }
         let client = reqwest::Client::builder().build().map_err(|e| format!("HTTP client: {e}"))?;
-        let url = format!("http://{addr}/v2/models/{}/infer", request.model_name);
+        let url = format!("http://{addr}/v2/models/{}/infer", crate::names::percent_encode(&request.model_name));
         Ok(Http { client, url, body: body.into(), header_len: header.len() })
     }
 
@@ -181,6 +181,7 @@ pub async fn drive(
 ) -> MixSample {
     let start = Instant::now() + warmup;
     let end = start + measure;
+    let give_up = end + measure.max(Duration::from_secs(1));
     let models: Vec<_> = targets.iter().map(|t| engine.registry().resolve(t.model, None).ok()).collect();
     let before: Vec<_> = models.iter().map(|m| m.as_ref().map(|m| m.stats.snapshot())).collect();
     let cumulative: Arc<Vec<f64>> = Arc::new(
@@ -221,7 +222,17 @@ pub async fn drive(
                     break;
                 }
                 let i = if https.len() == 1 { 0 } else { pick.next(&cumulative) };
-                let result = https[i].send().await;
+                // A request still unanswered well after the window is a failure, not a wait.
+                let Ok(result) = tokio::time::timeout_at(give_up.into(), https[i].send()).await else {
+                    if sent >= start {
+                        tallies[i].errors += 1;
+                        tallies[i].error.get_or_insert_with(|| {
+                            "no answer by the end of the measured window (the model is slower than the budget allows)"
+                                .to_string()
+                        });
+                    }
+                    break;
+                };
                 let answered = Instant::now();
                 if sent < start || answered > end {
                     continue;

@@ -166,7 +166,7 @@ impl Page<'_> {
             .unwrap_or_default();
         let who = if self.names.len() > 1 { " (all models together; the slowest model's latency)" } else { "" };
         let chart = Chart {
-            id: "chart-pareto",
+            id: "chart-pareto".into(),
             x_label: format!("requests/s{who}"),
             y_label: format!("{} latency, ms", self.pct),
             series,
@@ -200,7 +200,8 @@ impl Page<'_> {
         let few = self.best_few();
         let lines = |latency: bool| -> Vec<Series> {
             few.iter()
-                .map(|&i| {
+                .enumerate()
+                .map(|(n, &i)| {
                     let m = &run.measured[i];
                     let dots = (0..m.samples.len())
                         .filter(|&j| m.clean(j))
@@ -215,12 +216,12 @@ impl Page<'_> {
                             }
                         })
                         .collect();
-                    Series { name: self.label(i, m), class: class(i), dots, line: true, marks: true }
+                    Series { name: self.label(i, m), class: class(n), dots, line: true, marks: true }
                 })
                 .collect()
         };
         let t = Chart {
-            id: "chart-throughput",
+            id: "chart-throughput".into(),
             x_label: "concurrent clients".into(),
             y_label: "requests/s".into(),
             series: lines(false),
@@ -229,14 +230,15 @@ impl Page<'_> {
         };
         let budget = run.constraints.latency_ms.map(|b| Rule { y: b, label: "budget".into(), class: "budget" });
         let l = Chart {
-            id: "chart-latency",
+            id: "chart-latency".into(),
             x_label: "concurrent clients".into(),
             y_label: format!("{} latency, ms", self.pct),
             series: lines(true),
             rules: budget.into_iter().collect(),
             x_log2: true,
         };
-        let names: Vec<(String, String)> = few.iter().map(|&i| (class(i), self.label(i, &run.measured[i]))).collect();
+        let names: Vec<(String, String)> =
+            few.iter().enumerate().map(|(n, &i)| (class(n), self.label(i, &run.measured[i]))).collect();
         format!(
             r#"<div class="grid2"><div>{}</div><div>{}</div></div>{}"#,
             svg::render(&t),
@@ -304,7 +306,7 @@ impl Page<'_> {
                 })
                 .unwrap_or_default();
             let chart = Chart {
-                id: "chart-ceiling",
+                id: if k == 0 { "chart-ceiling".into() } else { format!("chart-ceiling-{}", k + 1) },
                 x_label: "batch size".into(),
                 y_label: "rows/s".into(),
                 series: vec![Series { name: "in-process".into(), class: class(0), dots, line: true, marks: true }],
@@ -382,7 +384,8 @@ impl Page<'_> {
         if let Some(why) = &v.infeasible {
             let _ = write!(
                 out,
-                r#"<div class="card infeasible" id="infeasible"><p class="headline">No config met the constraints.</p><pre>{}</pre></div>"#,
+                r#"<div class="card infeasible" id="infeasible"><p class="headline">{}</p><pre>{}</pre></div>"#,
+                if why.all_failed { "No config ran without errors." } else { "No config met the constraints." },
                 esc(&run.why_not(why))
             );
             return out;

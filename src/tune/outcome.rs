@@ -112,6 +112,24 @@ impl Run<'_> {
         };
         if why.all_failed {
             let first = self.measured.iter().flat_map(|m| m.per_model.iter().flatten()).find_map(|s| s.error.clone());
+            let errors: u64 = self.measured.iter().flat_map(|m| m.per_model.iter().flatten()).map(|s| s.errors).sum();
+            if errors == 0 && !self.measured.is_empty() {
+                let idle: Vec<&str> = self
+                    .subjects
+                    .iter()
+                    .enumerate()
+                    .filter(|(k, _)| self.measured.iter().all(|m| m.per_model[*k].iter().all(|s| s.requests == 0)))
+                    .map(|(_, s)| s.name.as_str())
+                    .collect();
+                return format!(
+                    "{who}: no point was measured: {} got no answered request within the measured windows \
+                     (raise its --mix weight or --budget-secs)",
+                    if idle.is_empty() { "a model".to_string() } else { idle.join(", ") }
+                );
+            }
+            if self.measured.is_empty() {
+                return format!("{who}: no config loaded, so nothing was measured (the load errors are above)");
+            }
             let mut text = format!("{who}: no point was measured without errors");
             if let Some(e) = first {
                 text += &format!("; the first error: {e} (give real values with --input-data)");

@@ -50,7 +50,6 @@ impl Run<'_> {
         out += "Through the server (HTTP on loopback, binary tensors; queue, dynamic batcher, instances):\n";
         out += &report::table(self.measured, &names);
         out.push('\n');
-        let mut written = Vec::new();
         let result = match (&verdict.pick, &verdict.infeasible) {
             (Some(pick), _) => {
                 let m = &self.measured[pick.point];
@@ -95,11 +94,19 @@ impl Run<'_> {
                 }
                 match self.config_paths() {
                     Some(paths) => {
+                        // A file that cannot be written loses nothing else: the rest is still
+                        // written and printed, and the error comes last.
+                        let mut failed = Ok(());
                         for (path, text) in paths.iter().zip(&verdict.configs) {
-                            write(path, text)?;
-                            out += &format!("Recommended config written to {}\n", path.display());
-                            written.push(path.display().to_string());
+                            match write(path, text) {
+                                Ok(()) => out += &format!("Recommended config written to {}\n", path.display()),
+                                Err(e) => {
+                                    out += &format!("\nRecommended config.pbtxt (not written: {e}):\n{text}");
+                                    failed = failed.and(Err(e));
+                                }
+                            }
                         }
+                        return self.write_reports(&verdict, &machine, out).and(failed);
                     }
                     None => {
                         for (name, text) in names.iter().zip(&verdict.configs) {
@@ -112,16 +119,24 @@ impl Run<'_> {
             (None, Some(why)) => Err(self.why_not(why)),
             (None, None) => Err("nothing was measured".to_string()),
         };
+        self.write_reports(&verdict, &machine, out).and(result)
+    }
+
+    /// The JSON and HTML reports, then the text on stdout, whatever fails to be written.
+    fn write_reports(&self, verdict: &Verdict, machine: &Machine, mut out: String) -> Result<(), String> {
+        let mut failed = Ok(());
         if let Some(path) = &self.settings.report {
-            let text = serde_json::to_string_pretty(&self.json(&verdict, &machine)).map_err(|e| e.to_string())?;
-            write(path, &text)?;
+            let text = serde_json::to_string_pretty(&self.json(verdict, machine)).map_err(|e| e.to_string())?;
+            failed = failed.and(write(path, &text));
         }
         if let Some(path) = &self.settings.report_html {
-            write(path, &html::page(self, &verdict, &machine))?;
-            out += &format!("Report written to {}\n", path.display());
+            match write(path, &html::page(self, verdict, machine)) {
+                Ok(()) => out += &format!("Report written to {}\n", path.display()),
+                Err(e) => failed = failed.and(Err(e)),
+            }
         }
         print!("{out}");
-        result
+        failed
     }
 
     pub fn point_json(&self, m: &Measured) -> Value {

@@ -52,7 +52,7 @@ pub struct Rule {
 }
 
 pub struct Chart {
-    pub id: &'static str,
+    pub id: String,
     pub x_label: String,
     pub y_label: String,
     pub series: Vec<Series>,
@@ -146,7 +146,10 @@ fn dot_attrs(d: &Dot) -> String {
 pub fn render(chart: &Chart) -> String {
     let all = chart.series.iter().flat_map(|s| &s.dots);
     let xs: Vec<f64> = all.clone().map(|d| if chart.x_log2 { d.x.max(1e-9).log2() } else { d.x }).collect();
-    let ys = all.map(|d| d.y).chain(chart.rules.iter().map(|r| r.y));
+    // The data set the scale; a rule far above it (a loose budget) is drawn at the top, said so,
+    // rather than flattening every mark onto the axis.
+    let data_top = all.map(|d| d.y).fold(0.0, f64::max);
+    let ys = chart.rules.iter().map(|r| r.y).filter(|&y| data_top <= 0.0 || y <= data_top * 1.5).chain([data_top]);
     let (mut x0, mut x1) = xs.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
     if !x0.is_finite() {
         (x0, x1) = (0.0, 1.0);
@@ -159,7 +162,7 @@ pub fn render(chart: &Chart) -> String {
     let y1 = ys.fold(0.0, f64::max) * 1.1;
     let a = Axes { x0, x1, y1: if y1 > 0.0 { y1 } else { 1.0 }, log2: chart.x_log2 };
     let mut out = String::new();
-    frame(&mut out, chart.id, &chart.x_label, &chart.y_label);
+    frame(&mut out, &chart.id, &chart.x_label, &chart.y_label);
     y_axis(&mut out, &a);
     let x_ticks: Vec<f64> =
         if chart.x_log2 { (x0 as i32..=x1 as i32).map(|e| 2f64.powi(e)).collect() } else { ticks(x0, x1) };
@@ -175,7 +178,9 @@ pub fn render(chart: &Chart) -> String {
     let _ =
         write!(out, r#"<line class="axis" x1="{LEFT}" x2="{}" y1="{}" y2="{}"/>"#, W - RIGHT, H - BOTTOM, H - BOTTOM);
     for r in &chart.rules {
-        let y = a.fy(r.y);
+        let above = r.y > a.y1;
+        let y = a.fy(r.y.min(a.y1));
+        let label = if above { format!("{} (above the chart)", r.label) } else { r.label.clone() };
         let _ = write!(
             out,
             r#"<line class="rule {}" x1="{LEFT}" x2="{}" y1="{y:.1}" y2="{y:.1}" data-value="{}"/><text class="rule-label {}" x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
@@ -184,8 +189,8 @@ pub fn render(chart: &Chart) -> String {
             r.y,
             r.class,
             W - RIGHT - 4.0,
-            y - 4.0,
-            esc(&r.label)
+            if above { y + 14.0 } else { y - 4.0 },
+            esc(&label)
         );
     }
     for s in &chart.series {
@@ -264,7 +269,7 @@ mod tests {
     fn marks_carry_their_numbers_and_text_is_escaped() {
         let dot = Dot { x: 4.0, y: 2.5, title: "a<b".into(), data: vec![("throughput", "2.5".into())] };
         let chart = Chart {
-            id: "c",
+            id: "c".into(),
             x_label: "x & y".into(),
             y_label: "y".into(),
             series: vec![Series { name: "s".into(), class: "s0".into(), dots: vec![dot], line: false, marks: true }],
@@ -276,6 +281,11 @@ mod tests {
         assert!(svg.contains(r#"data-throughput="2.5""#) && svg.contains("a&lt;b") && svg.contains("x &amp; y"));
         assert!(svg.contains(r#"class="rule budget""#));
         assert!(!svg.contains("NaN") && !svg.contains("inf"));
+        // A rule far above the marks is drawn at the top and said to be above.
+        let mut far = chart;
+        far.rules[0].y = 500.0;
+        let svg = render(&far);
+        assert!(svg.contains("budget (above the chart)") && svg.contains(r#"data-value="500""#), "{svg}");
         let b = bars("b", "MiB", &[("1".into(), 3.0, "one".into()), ("2".into(), 0.0, "two".into())], Some(0));
         assert_eq!(b.matches("<rect").count(), 2);
         assert!(b.contains("bar chosen"));

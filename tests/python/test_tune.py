@@ -151,6 +151,11 @@ def test_bad_requests_are_named(tmp_path):
         (["--objective", "cost"], "throughput or latency"),
         (["--max-memory-mib", "0"], "--max-memory-mib"),
         (["--model", "mlp"], "give each model once"),
+        (["--budget-secs", "18446744073709551615"], "--budget-secs must be from 1 to 86400"),
+        (["--concurrency", "100000"], "from 1 to 1024"),
+        (["--latency-budget-ms", "1e308"], "at most"),
+        (["--report", str(tmp_path / "same"), "--report-html", str(tmp_path / "same")], "must be different files"),
+        (["--report-html", str(tmp_path)], "is a folder"),
     ]:
         run = tune("--model-repository", repo, "--model", "mlp", *args)
         assert run.returncode != 0 and named in run.stderr, (args, run.stderr)
