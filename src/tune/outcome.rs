@@ -121,9 +121,13 @@ impl Run<'_> {
                     .filter(|(k, _)| self.measured.iter().all(|m| m.per_model[*k].iter().all(|s| s.requests == 0)))
                     .map(|(_, s)| s.name.as_str())
                     .collect();
+                let hint = if self.subjects.len() == 1 {
+                    "its requests take longer than a measured window: raise --budget-secs"
+                } else {
+                    "raise its --mix weight or --budget-secs"
+                };
                 return format!(
-                    "{who}: no point was measured: {} got no answered request within the measured windows \
-                     (raise its --mix weight or --budget-secs)",
+                    "{who}: no point was measured: {} got no answered request within the measured windows ({hint})",
                     if idle.is_empty() { "a model".to_string() } else { idle.join(", ") }
                 );
             }
