@@ -43,7 +43,7 @@ def get(url):
 def start_server(repo, http_port, grpc_port, extra):
     import onnxruntime
     lib = sorted(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime.so*")))[-1]
-    cmd = [os.path.join(ROOT, "target", "release", "ferry"), "serve", "--model-repository", repo,
+    cmd = [os.environ.get("FERRY_BENCH_BIN") or os.path.join(ROOT, "target", "release", "ferry"), "serve", "--model-repository", repo,
            "--http-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
            f"--onnxruntime-library={lib}", *extra]
     log = open(os.path.join(WORK, "server.log"), "w")

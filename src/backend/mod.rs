@@ -166,6 +166,14 @@ pub trait ModelInstance: Send {
         self.execute(inputs, outputs).map(Executed::on_host)
     }
 
+    /// Whether a batch may run on whichever thread asks for it (the scheduler then runs a light
+    /// model's batch on the caller's thread when an instance is free, saving two thread
+    /// hand-offs): true only for an instance that computes on the host and never waits on the
+    /// server or another process.
+    fn runs_anywhere(&self) -> bool {
+        false
+    }
+
     /// Whether batches reach this instance as separate requests (`execute_each`).
     fn separate_requests(&self) -> bool {
         false

@@ -24,11 +24,13 @@ pub mod batcher;
 mod queue;
 mod ragged;
 pub mod rate_limit;
+mod seats;
 pub mod sequence;
 
 pub use batcher::BatchPolicy;
 use queue::{Job, Queue};
 pub use queue::{LevelPolicy, QueuePolicy};
+use seats::{Recent, Seat, Slot, State};
 
 /// A queued request's one reply. Dropped before it arrives (its caller went away), the request
 /// leaves the queue at once if it is still there, and its bytes (and admission ticket) with it.
@@ -128,9 +130,15 @@ impl Responder {
 }
 
 struct Shared {
-    queue: Mutex<Queue>,
-    /// Wakes instance threads: a request arrived, or stop.
-    ready: Condvar,
+    queue: Mutex<State>,
+    /// Per instance, wakes its thread: a request arrived, or stop.
+    ready: Vec<Condvar>,
+    slots: Vec<Mutex<Slot>>,
+    ctx: ModelContext,
+    /// Builds an instance again after it panicked (without it, the instance goes on).
+    rebuild: Option<Rebuild>,
+    /// How long batches lately took: light models may run on the caller's thread.
+    recent: Recent,
     /// Wakes the reaper: a request with a deadline arrived, or stop.
     reaper: Condvar,
     batching: BatchPolicy,
@@ -140,8 +148,90 @@ struct Shared {
 }
 
 impl Shared {
-    fn lock(&self) -> MutexGuard<'_, Queue> {
+    fn lock(&self) -> MutexGuard<'_, State> {
         self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The instance whose thread to wake for queued work, if one waits free.
+    fn to_wake(q: &State) -> Option<usize> {
+        if q.is_empty() { None } else { q.free_waiting() }
+    }
+
+    fn wake(&self, i: Option<usize>) {
+        if let Some(i) = i {
+            self.ready[i].notify_one();
+        }
+    }
+
+    fn wake_all(&self) {
+        for c in &self.ready {
+            c.notify_all();
+        }
+    }
+
+    /// With the request just queued: when the version is otherwise quiet (no batch running, no
+    /// other request queued), the model is light, an instance may run anywhere and the batcher
+    /// would run the request now, that request as a batch, taken for that instance. Under load
+    /// the instance threads run every batch, and the callers' threads stay free for the network.
+    fn claim_here(&self, q: &mut State) -> Option<(usize, Vec<Job>)> {
+        if !self.recent.light() || q.len() != 1 || q.seats.iter().any(|s| s.busy) {
+            return None;
+        }
+        let i = q.free_anywhere()?;
+        let now = Instant::now();
+        self.answer_swept(q, now);
+        let pending =
+            q.iter().map(|j| batcher::Pending { rows: j.req.rows, enqueued: j.enqueued, key: &j.req.batch_key });
+        let batcher::Decision::Run(n) = batcher::decide(&self.batching, pending, now, q.stopping) else {
+            return None;
+        };
+        let jobs = q.take(n);
+        self.stats.running(jobs.len() as i64);
+        q.seats[i].busy = true;
+        Some((i, jobs))
+    }
+
+    /// Runs a batch on instance `i` (whose seat is taken). A panic fails that batch only (its
+    /// callers get an error), and the instance is built again, so the version keeps serving.
+    fn execute(&self, i: usize, jobs: Vec<Job>) {
+        let mut slot = self.slots[i].lock().unwrap_or_else(|p| p.into_inner());
+        let Slot { instance, limit, executions } = &mut *slot;
+        // Held for the batch: the rate limiter's resources this instance needs.
+        let _granted = limit.as_ref().map(|(limiter, need)| limiter.acquire(need, executions));
+        let (n, seqs): (i64, Vec<u64>) = (jobs.len() as i64, jobs.iter().map(|j| j.seq).collect());
+        let started = Instant::now();
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            batch::run(instance.as_mut(), &self.ctx, &self.responder, jobs)
+        }));
+        self.recent.record(started.elapsed());
+        self.stats.running(-n);
+        let Err(panic) = ran else { return };
+        let ctx = &self.ctx;
+        let what = crate::error::panic_message(&*panic);
+        tracing::error!(model = %ctx.name, version = ctx.version, instance = i, panic = %what, "a model instance panicked; its batch failed");
+        self.responder.abandon(&seqs);
+        if let Some(rebuild) = &self.rebuild {
+            match rebuild(i) {
+                Ok(fresh) => {
+                    *instance = fresh;
+                    tracing::info!(model = %ctx.name, version = ctx.version, instance = i, "model instance restarted");
+                }
+                Err(e) => {
+                    tracing::error!(model = %ctx.name, error = %e, "cannot restart the model instance; keeping it")
+                }
+            }
+        }
+    }
+
+    /// Runs a claimed batch on the caller's thread, then frees the instance for what queued
+    /// meanwhile.
+    fn run_here(&self, i: usize, jobs: Vec<Job>) {
+        self.execute(i, jobs);
+        let mut q = self.lock();
+        q.seats[i].busy = false;
+        let wake = Self::to_wake(&q).or((q.stopping && q.seats[i].waiting).then_some(i));
+        drop(q);
+        self.wake(wake);
     }
 
     /// A request whose caller went away, taken out of the queue if it is still there.
@@ -162,34 +252,48 @@ impl Shared {
         }
     }
 
-    /// Blocks until the batcher allows a batch; None once stopped and drained.
-    fn next_batch(&self) -> Option<Vec<Job>> {
+    /// Instance `i`'s thread: blocks until the batcher allows it a batch (`finished`: it ran
+    /// one since it last asked); None once stopped and drained.
+    fn next_batch(&self, i: usize, finished: bool) -> Option<Vec<Job>> {
         let mut q = self.lock();
+        if finished {
+            q.seats[i].busy = false;
+        }
         loop {
             let now = Instant::now();
             self.answer_swept(&mut q, now);
+            if q.seats[i].busy {
+                // A caller runs a batch on this instance; it wakes this thread when done.
+                q.seats[i].waiting = true;
+                q = self.ready[i].wait(q).unwrap_or_else(|p| p.into_inner());
+                q.seats[i].waiting = false;
+                continue;
+            }
             let pending =
                 q.iter().map(|j| batcher::Pending { rows: j.req.rows, enqueued: j.enqueued, key: &j.req.batch_key });
             let wake = match batcher::decide(&self.batching, pending, now, q.stopping) {
                 batcher::Decision::Run(n) => {
                     let jobs = q.take(n);
                     self.stats.running(jobs.len() as i64);
-                    if !q.is_empty() {
-                        self.ready.notify_one();
-                    }
+                    q.seats[i].busy = true;
+                    let wake = Self::to_wake(&q);
+                    drop(q);
+                    self.wake(wake);
                     return Some(jobs);
                 }
                 batcher::Decision::Idle if q.stopping => return None,
                 batcher::Decision::Idle => q.next_deadline(),
                 batcher::Decision::WaitUntil(at) => Some(q.next_deadline().map_or(at, |d| d.min(at))),
             };
+            q.seats[i].waiting = true;
             q = match wake {
                 Some(at) => {
                     let wait = at.saturating_duration_since(now);
-                    self.ready.wait_timeout(q, wait).unwrap_or_else(|p| p.into_inner()).0
+                    self.ready[i].wait_timeout(q, wait).unwrap_or_else(|p| p.into_inner()).0
                 }
-                None => self.ready.wait(q).unwrap_or_else(|p| p.into_inner()),
+                None => self.ready[i].wait(q).unwrap_or_else(|p| p.into_inner()),
             };
+            q.seats[i].waiting = false;
         }
     }
 
@@ -210,39 +314,12 @@ impl Shared {
     }
 }
 
-/// An instance thread: runs batches until the scheduler stops. A panic fails that batch only
-/// (its callers get an error), and the instance is built again, so the version keeps serving.
-fn serve_instance(
-    shared: &Shared,
-    ctx: &ModelContext,
-    (mut instance, limit): (Box<dyn ModelInstance>, Option<Limit>),
-    i: usize,
-    rebuild: Option<Rebuild>,
-) {
-    let mut executions = 0;
-    while let Some(jobs) = shared.next_batch() {
-        // Held for the batch: the rate limiter's resources this instance needs.
-        let _granted = limit.as_ref().map(|(limiter, need)| limiter.acquire(need, &mut executions));
-        let (n, seqs): (i64, Vec<u64>) = (jobs.len() as i64, jobs.iter().map(|j| j.seq).collect());
-        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            batch::run(instance.as_mut(), ctx, &shared.responder, jobs)
-        }));
-        shared.stats.running(-n);
-        let Err(panic) = ran else { continue };
-        let what = crate::error::panic_message(&*panic);
-        tracing::error!(model = %ctx.name, version = ctx.version, instance = i, panic = %what, "a model instance panicked; its batch failed");
-        shared.responder.abandon(&seqs);
-        if let Some(rebuild) = &rebuild {
-            match rebuild(i) {
-                Ok(fresh) => {
-                    instance = fresh;
-                    tracing::info!(model = %ctx.name, version = ctx.version, instance = i, "model instance restarted");
-                }
-                Err(e) => {
-                    tracing::error!(model = %ctx.name, error = %e, "cannot restart the model instance; keeping it")
-                }
-            }
-        }
+/// An instance thread: runs batches until the scheduler stops.
+fn serve_instance(shared: &Shared, i: usize) {
+    let mut finished = false;
+    while let Some(jobs) = shared.next_batch(i, finished) {
+        shared.execute(i, jobs);
+        finished = true;
     }
 }
 
@@ -280,33 +357,45 @@ impl Scheduler {
         mut limits: Limits,
     ) -> Result<Scheduler> {
         let reaper_needed = policy.queue.has_timeouts();
+        limits.resize_with(instances.len(), || None);
+        let seats = instances
+            .iter()
+            .zip(&limits)
+            .map(|(instance, limit)| Seat { anywhere: instance.runs_anywhere() && limit.is_none(), ..Seat::default() })
+            .collect();
+        let count = instances.len();
+        let slots = instances
+            .into_iter()
+            .zip(limits)
+            .map(|(instance, limit)| Mutex::new(Slot { instance, limit, executions: 0 }))
+            .collect();
+        let (name, version) = (ctx.name.clone(), ctx.version);
         let shared = Arc::new(Shared {
-            queue: Mutex::new(Queue::new(policy.queue)),
-            ready: Condvar::new(),
+            queue: Mutex::new(State { queue: Queue::new(policy.queue), seats }),
+            ready: (0..count).map(|_| Condvar::new()).collect(),
+            slots,
+            stats: Arc::clone(&ctx.stats),
+            ctx,
+            rebuild,
+            recent: Recent::default(),
             reaper: Condvar::new(),
             batching: policy.batching,
             responder: Responder { ordered: policy.preserve_ordering, held: Mutex::default() },
-            stats: Arc::clone(&ctx.stats),
         });
-        let ctx = Arc::new(ctx);
-        let mut workers = Vec::with_capacity(instances.len() + 1);
+        let mut workers = Vec::with_capacity(count + 1);
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
                 .name(name)
                 .spawn(f)
                 .map_err(|e| Error::internal(format!("cannot start a scheduler thread: {e}")))
         };
-        limits.resize_with(instances.len(), || None);
-        for (i, (instance, limit)) in instances.into_iter().zip(limits).enumerate() {
-            let (shared, ctx2, rebuild) = (Arc::clone(&shared), Arc::clone(&ctx), rebuild.clone());
-            workers.push(spawn(
-                format!("{}-v{}-{i}", ctx.name, ctx.version),
-                Box::new(move || serve_instance(&shared, &ctx2, (instance, limit), i, rebuild)),
-            )?);
+        for i in 0..count {
+            let shared = Arc::clone(&shared);
+            workers.push(spawn(format!("{name}-v{version}-{i}"), Box::new(move || serve_instance(&shared, i)))?);
         }
         if reaper_needed {
             let shared = Arc::clone(&shared);
-            workers.push(spawn(format!("{}-v{}-reaper", ctx.name, ctx.version), Box::new(move || shared.reap()))?);
+            workers.push(spawn(format!("{name}-v{version}-reaper"), Box::new(move || shared.reap()))?);
         }
         Ok(Scheduler { shared, workers: Mutex::new(workers) })
     }
@@ -326,8 +415,15 @@ impl Scheduler {
             }
         };
         self.shared.stats.queued(1);
+        if let Some((i, jobs)) = self.shared.claim_here(&mut q) {
+            drop(q);
+            self.shared.run_here(i, jobs);
+            // Its own request ran in that batch unless older ones filled it.
+            return Ok(Reply { rx, queued: Some((Arc::downgrade(&self.shared), seq)) });
+        }
+        let wake = Shared::to_wake(&q);
         drop(q);
-        self.shared.ready.notify_one();
+        self.shared.wake(wake);
         self.shared.reaper.notify_one();
         Ok(Reply { rx, queued: Some((Arc::downgrade(&self.shared), seq)) })
     }
@@ -335,7 +431,7 @@ impl Scheduler {
     /// Stops taking requests; queued ones still run, then the threads end.
     pub fn stop(&self) {
         self.shared.lock().stopping = true;
-        self.shared.ready.notify_all();
+        self.shared.wake_all();
         self.shared.reaper.notify_all();
     }
 

@@ -349,3 +349,109 @@ async fn a_dropped_reply_takes_its_request_and_its_ticket_out_of_the_queue_at_on
     }
     assert_eq!(admission.counts().live, 0);
 }
+
+/// A Doubler that may run anywhere, noting the thread of each batch.
+struct Anywhere {
+    inner: Doubler,
+    threads: Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>,
+}
+
+impl ModelInstance for Anywhere {
+    fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
+        self.threads.lock().unwrap().push(std::thread::current().id());
+        self.inner.execute(inputs, outputs)
+    }
+    fn runs_anywhere(&self) -> bool {
+        true
+    }
+}
+
+type Threads = Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>;
+
+fn anywhere(batching: BatchPolicy, instances: usize, pause: Duration) -> (Scheduler, Arc<Stats>, Threads) {
+    let policy = Policy { batching, queue: QueuePolicy::new(None), preserve_ordering: false };
+    let schema =
+        Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], ..Default::default() });
+    let stats = Arc::new(Stats::default());
+    let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::clone(&stats) };
+    let threads = Threads::default();
+    let instances: Vec<Box<dyn ModelInstance>> = (0..instances)
+        .map(|_| {
+            Box::new(Anywhere { inner: Doubler { pause }, threads: Arc::clone(&threads) }) as Box<dyn ModelInstance>
+        })
+        .collect();
+    (Scheduler::start(ctx, policy, instances, None, Vec::new()).unwrap(), stats, threads)
+}
+
+#[test]
+fn a_light_model_runs_on_the_callers_thread_once_it_is_known_to_be_light() {
+    let (s, stats, threads) = anywhere(BatchPolicy::new(8, None), 1, Duration::ZERO);
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    for v in 0..5 {
+        let resp = rt.block_on(s.submit(request(v)).ok().unwrap()).unwrap().unwrap();
+        assert_eq!(values(&resp.outputs[0]), vec![2 * v, 2 * v + 2]);
+        // Requests apart in time (the instance thread, having answered, frees its instance).
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let here = std::thread::current().id();
+    let seen = threads.lock().unwrap().clone();
+    assert_ne!(seen[0], here, "the first batch (of unknown cost) runs on the instance's thread");
+    assert!(seen[1..].iter().all(|t| *t == here), "later ones on the caller's: {seen:?}");
+    assert_eq!(stats.snapshot().inference_count, 5);
+}
+
+#[test]
+fn a_slow_model_stays_on_its_instance_threads() {
+    let (s, _, threads) = anywhere(BatchPolicy::new(8, None), 1, Duration::from_millis(2));
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    for v in 0..3 {
+        rt.block_on(s.submit(request(v)).ok().unwrap()).unwrap().unwrap();
+    }
+    let here = std::thread::current().id();
+    assert!(threads.lock().unwrap().iter().all(|t| *t != here));
+}
+
+#[test]
+fn a_lone_request_under_a_queue_delay_waits_on_the_instance_thread() {
+    let policy =
+        BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: Duration::from_millis(5) };
+    let (s, stats, threads) = anywhere(policy, 1, Duration::ZERO);
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    for v in 0..3 {
+        rt.block_on(s.submit(request(v)).ok().unwrap()).unwrap().unwrap();
+    }
+    let here = std::thread::current().id();
+    assert!(threads.lock().unwrap().iter().all(|t| *t != here), "the batcher waits for company first");
+    assert_eq!(stats.snapshot().inference_count, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callers_and_instance_threads_share_the_instances_without_losing_a_request() {
+    for batching in [
+        BatchPolicy::new(8, None),
+        BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: Duration::from_micros(50) },
+    ] {
+        let (s, stats, threads) = anywhere(batching, 2, Duration::ZERO);
+        let s = Arc::new(s);
+        let tasks: Vec<_> = (0..16)
+            .map(|t| {
+                let s = Arc::clone(&s);
+                tokio::spawn(async move {
+                    for k in 0..200 {
+                        let v = t * 1000 + k;
+                        let resp = s.submit(request(v)).ok().unwrap().await.unwrap().unwrap();
+                        assert_eq!(values(&resp.outputs[0]), vec![2 * v, 2 * v + 2]);
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        assert_eq!(stats.snapshot().inference_count, 3200);
+        let batches = threads.lock().unwrap().len() as u64;
+        assert_eq!(batches, stats.snapshot().execution_count);
+        s.stop();
+        s.join();
+    }
+}

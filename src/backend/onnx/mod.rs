@@ -233,7 +233,13 @@ impl Backend for OnnxBackend {
             },
             Device::Cpu => None,
         };
-        Ok(Box::new(OnnxInstance { session, memory, selections: HashMap::new(), staging }))
+        Ok(Box::new(OnnxInstance {
+            session,
+            memory,
+            selections: HashMap::new(),
+            staging,
+            on_gpu: matches!(spec.device, Device::Gpu(_)),
+        }))
     }
 }
 
@@ -287,9 +293,15 @@ struct OnnxInstance {
     selections: HashMap<Vec<String>, RunOptions<HasSelectedOutputs>>,
     /// GPU instances: the I/O-binding batch path (None: ONNX Runtime's own copies).
     staging: Option<Staging>,
+    on_gpu: bool,
 }
 
 impl ModelInstance for OnnxInstance {
+    fn runs_anywhere(&self) -> bool {
+        // A GPU session stays on the thread that made its CUDA context current.
+        self.staging.is_none() && !self.on_gpu
+    }
+
     fn model_io(&self) -> Option<ModelIo> {
         Some(io_of(&self.session))
     }
@@ -481,10 +493,14 @@ mod tests {
         }
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/simple/1/model.onnx");
         let session = || backend.session(&path, None, 1, Device::Cpu, &Plan::default()).unwrap();
-        let plain = OnnxInstance { session: session(), memory: None, selections: HashMap::new(), staging: None };
+        let plain =
+            OnnxInstance { session: session(), memory: None, selections: HashMap::new(), staging: None, on_gpu: false };
         let staged_session = session();
         let staging = Some(Staging::host(&staged_session, gpu).unwrap());
-        (plain, OnnxInstance { session: staged_session, memory: None, selections: HashMap::new(), staging })
+        (
+            plain,
+            OnnxInstance { session: staged_session, memory: None, selections: HashMap::new(), staging, on_gpu: true },
+        )
     }
 
     /// The example `simple` model (INT32 add and subtract), through the plain path and through the

@@ -135,6 +135,11 @@ impl Queue {
         self.levels.iter().all(|l| l.len() == 0)
     }
 
+    /// Requests waiting, at every level.
+    pub fn len(&self) -> usize {
+        self.levels.iter().map(Level::len).sum()
+    }
+
     /// Enqueues a request at its priority level (returning its arrival number), or hands it
     /// back with the reason it was refused.
     #[allow(clippy::result_large_err)]

@@ -471,6 +471,10 @@ impl ImageInstance {
 }
 
 impl ModelInstance for ImageInstance {
+    fn runs_anywhere(&self) -> bool {
+        true
+    }
+
     fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
         self.run(inputs, outputs, (self.threads, &Context::default()))
     }

@@ -366,6 +366,10 @@ fn pool(
 }
 
 impl ModelInstance for PostInstance {
+    fn runs_anywhere(&self) -> bool {
+        true
+    }
+
     fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
         self.run(inputs, outputs)
     }

@@ -302,6 +302,10 @@ impl TokenizerInstance {
 }
 
 impl ModelInstance for TokenizerInstance {
+    fn runs_anywhere(&self) -> bool {
+        true
+    }
+
     fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
         self.run(inputs, outputs, &Context::default())
     }

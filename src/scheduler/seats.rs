@@ -1,0 +1,131 @@
+//! Who runs a version's instances. Each instance has a thread that waits for batches, and a seat
+//! under the queue's lock saying whether the instance is busy. A light model's batch that the
+//! batcher would run at once, arriving while an instance that may run anywhere is free, runs on
+//! the caller's own thread instead: the request then costs no wake-up of the instance thread and
+//! no wake-up of the caller when the reply is ready, which on light models is most of what a
+//! request costs the server.
+use std::{
+    ops::{Deref, DerefMut},
+    sync::atomic::{AtomicU64, Ordering},
+    time::Duration,
+};
+
+use super::{Limit, queue::Queue};
+use crate::backend::ModelInstance;
+
+/// A batch may run on the caller's thread while batches have lately taken no longer than this
+/// (it holds an async worker thread meanwhile).
+pub(super) const ANYWHERE_MAX: Duration = Duration::from_micros(250);
+
+/// One instance, locked by whoever runs its batch (never two at once: the seat says who).
+pub(super) struct Slot {
+    pub instance: Box<dyn ModelInstance>,
+    pub limit: Option<Limit>,
+    /// Batches run, for the rate limiter's turn.
+    pub executions: u64,
+}
+
+/// An instance's state under the queue's lock.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Seat {
+    /// A batch is running on it (on its thread, or on a caller's).
+    pub busy: bool,
+    /// Its thread waits on its condition variable.
+    pub waiting: bool,
+    /// Its batches may run on any thread: the backend allows it and no rate limiter gates it.
+    pub anywhere: bool,
+}
+
+/// What the queue's lock guards: the queue and the instances' seats.
+pub(super) struct State {
+    pub queue: Queue,
+    pub seats: Vec<Seat>,
+}
+
+impl State {
+    /// A free instance that may run on the caller's thread.
+    pub fn free_anywhere(&self) -> Option<usize> {
+        self.seats.iter().position(|s| s.anywhere && !s.busy)
+    }
+
+    /// A free instance whose thread waits, to wake for queued work.
+    pub fn free_waiting(&self) -> Option<usize> {
+        self.seats.iter().position(|s| s.waiting && !s.busy)
+    }
+}
+
+impl Deref for State {
+    type Target = Queue;
+    fn deref(&self) -> &Queue {
+        &self.queue
+    }
+}
+
+impl DerefMut for State {
+    fn deref_mut(&mut self) -> &mut Queue {
+        &mut self.queue
+    }
+}
+
+/// A moving average of how long the version's batches take to run (None until one ran).
+#[derive(Debug)]
+pub(super) struct Recent(AtomicU64);
+
+impl Default for Recent {
+    fn default() -> Self {
+        Recent(AtomicU64::new(u64::MAX))
+    }
+}
+
+impl Recent {
+    pub fn record(&self, took: Duration) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX - 1).min(u64::MAX - 1);
+        let old = self.0.load(Ordering::Relaxed);
+        let new = if old == u64::MAX { ns } else { old - old / 8 + ns / 8 };
+        self.0.store(new, Ordering::Relaxed);
+    }
+
+    /// Batches lately ran within `ANYWHERE_MAX`.
+    pub fn light(&self) -> bool {
+        self.0.load(Ordering::Relaxed) <= ANYWHERE_MAX.as_nanos() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_average_follows_the_batches() {
+        let r = Recent::default();
+        assert!(!r.light(), "unknown until a batch ran");
+        r.record(Duration::from_micros(50));
+        assert!(r.light());
+        for _ in 0..40 {
+            r.record(Duration::from_millis(5));
+        }
+        assert!(!r.light(), "slow batches stop it");
+        for _ in 0..60 {
+            r.record(Duration::from_micros(20));
+        }
+        assert!(r.light(), "and fast ones bring it back");
+    }
+
+    #[test]
+    fn seats_pick_free_instances() {
+        let q = Queue::new(crate::scheduler::QueuePolicy::new(None));
+        let mut s = State {
+            queue: q,
+            seats: vec![
+                Seat { busy: true, waiting: false, anywhere: true },
+                Seat { busy: false, waiting: true, anywhere: false },
+                Seat { busy: false, waiting: true, anywhere: true },
+            ],
+        };
+        assert_eq!(s.free_anywhere(), Some(2));
+        assert_eq!(s.free_waiting(), Some(1));
+        s.seats[2].busy = true;
+        s.seats[1].busy = true;
+        assert_eq!((s.free_anywhere(), s.free_waiting()), (None, None));
+    }
+}
