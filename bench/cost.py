@@ -254,7 +254,8 @@ def flat_profile(data, count=12):
                 if line.strip() and line.split()[0].endswith("%")]
     rows = [(float(r[0][:-1]), r[1], "(all)") for r in report("overhead,dso")[:5]]
     for r in report("overhead,dso,sym")[:count]:
-        rows.append((float(r[0][:-1]), r[1], r[2].removeprefix("[.] ").removeprefix("[k] ")[:90]))
+        symbol = " ".join(r[2:]).removeprefix("[.] ").removeprefix("[k] ")
+        rows.append((float(r[0][:-1]), r[1], symbol[:90]))
     return rows
 
 
@@ -283,15 +284,18 @@ def main():
     p.add_argument("--rounds", type=int, default=3, help="windows per row (the median is reported)")
     p.add_argument("--before", help="another build to measure beside this one, window after window")
     p.add_argument("--before-label", default="before")
+    p.add_argument("--build", help="the build to measure (default target/release/ferry)")
+    p.add_argument("--build-label", help="its commit, when --build names another one")
     p.add_argument("--profile", action="store_true", help="perf's top entries (one window per row, this build)")
     p.add_argument("--title", default="Server CPU per request")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args()
     os.makedirs(run.WORK, exist_ok=True)
-    builds = [("this", os.path.join(run.ROOT, "target", "release", "ferry"))]
+    builds = [("this", args.build or os.path.join(run.ROOT, "target", "release", "ferry"))]
     if args.before:
         builds.insert(0, (args.before_label, args.before))
     rows, profiles = [], []
+    names_this = f"`{args.build_label or run.commit_label()}`"
     for batching, repo in (("on", args.on), ("off", args.off)):
         # Every build serves at once (idle ones cost nothing), so drift hits them alike.
         servers = {label: start(binary, repo) for label, binary in builds}
@@ -315,16 +319,18 @@ def main():
                         f"{label} {v:.0f} µs" for label, v in med.items()), flush=True)
                     rows.append((model, protocol, batching, med))
                     if top:
-                        profiles.append((f"{model}, {protocol}, batching {batching}", top))
+                        profiles.append((f"{names_this}, {model}, {protocol}, batching {batching}", top))
         finally:
             for srv in servers.values():
                 srv["proc"].terminate()
                 srv["proc"].wait()
     labels = [label for label, _ in builds]
-    names = {"this": f"`{run.commit_label()}`", args.before_label: f"`{args.before_label}`"}
+    names = {"this": f"`{args.build_label or run.commit_label()}`", args.before_label: f"`{args.before_label}`"}
     body = [f"{time.strftime('%Y-%m-%d')}, release builds, {os.cpu_count()} cores. {args.rate:.0f} requests/s offered "
             f"by 4 paced client threads (Python, pre-built bodies, one write per HTTP request) on the same machine, "
-            f"{args.seconds:.0f} s windows, the median of {args.rounds} windows per cell"
+            f"{args.seconds:.0f} s windows, "
+            + ("one window per cell with perf recording (its sampling inflates the figures: the section without "
+               "--profile has the costs)" if args.profile else f"the median of {args.rounds} windows per cell")
             + (", the builds measured window after window, all serving at once" if args.before else "")
             + ". Server CPU: user + system time of every server thread from /proc over the window, divided by the "
             "requests the server's statistics counted in it.", "",

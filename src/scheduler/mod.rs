@@ -174,7 +174,11 @@ impl Shared {
     /// would run the request now, that request as a batch, taken for that instance. Under load
     /// the instance threads run every batch, and the callers' threads stay free for the network.
     fn claim_here(&self, q: &mut State) -> Option<(usize, Vec<Job>)> {
-        if !self.recent.light() || q.len() != 1 || q.seats.iter().any(|s| s.busy) {
+        if q.len() != 1 || q.seats.iter().any(|s| s.busy) {
+            return None;
+        }
+        let bytes = q.iter().map(Job::input_bytes).sum();
+        if !self.recent.light_for(bytes) {
             return None;
         }
         let i = q.free_anywhere()?;
@@ -199,11 +203,12 @@ impl Shared {
         // Held for the batch: the rate limiter's resources this instance needs.
         let _granted = limit.as_ref().map(|(limiter, need)| limiter.acquire(need, executions));
         let (n, seqs): (i64, Vec<u64>) = (jobs.len() as i64, jobs.iter().map(|j| j.seq).collect());
+        let bytes = jobs.iter().map(Job::input_bytes).sum();
         let started = Instant::now();
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             batch::run(instance.as_mut(), &self.ctx, &self.responder, jobs)
         }));
-        self.recent.record(started.elapsed());
+        self.recent.record(started.elapsed(), bytes);
         self.stats.running(-n);
         let Err(panic) = ran else { return };
         let ctx = &self.ctx;
@@ -229,9 +234,12 @@ impl Shared {
         self.execute(i, jobs);
         let mut q = self.lock();
         q.seats[i].busy = false;
-        let wake = Self::to_wake(&q).or((q.stopping && q.seats[i].waiting).then_some(i));
+        let wake = Self::to_wake(&q);
+        // Stopping, this instance's thread must see it is free, whoever takes the rest.
+        let own = (q.stopping && q.seats[i].waiting && wake != Some(i)).then_some(i);
         drop(q);
         self.wake(wake);
+        self.wake(own);
     }
 
     /// A request whose caller went away, taken out of the queue if it is still there.

@@ -67,27 +67,44 @@ impl DerefMut for State {
     }
 }
 
-/// A moving average of how long the version's batches take to run (None until one ran).
+/// Moving averages of how long the version's batches take to run and how many input bytes they
+/// carry (unknown until one ran).
 #[derive(Debug)]
-pub(super) struct Recent(AtomicU64);
+pub(super) struct Recent {
+    ns: AtomicU64,
+    bytes: AtomicU64,
+}
 
 impl Default for Recent {
     fn default() -> Self {
-        Recent(AtomicU64::new(u64::MAX))
+        Recent { ns: AtomicU64::new(u64::MAX), bytes: AtomicU64::new(0) }
     }
 }
 
+/// A request may run on the caller's thread when it carries no more than twice the bytes of the
+/// batches the time average was built on, plus this slack (tiny requests vary in size).
+const BYTES_SLACK: u64 = 4096;
+
+fn average(cell: &AtomicU64, sample: u64, unknown: bool) {
+    let old = cell.load(Ordering::Relaxed);
+    let new = if unknown { sample } else { old - old / 8 + sample / 8 };
+    cell.store(new, Ordering::Relaxed);
+}
+
 impl Recent {
-    pub fn record(&self, took: Duration) {
-        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX - 1).min(u64::MAX - 1);
-        let old = self.0.load(Ordering::Relaxed);
-        let new = if old == u64::MAX { ns } else { old - old / 8 + ns / 8 };
-        self.0.store(new, Ordering::Relaxed);
+    pub fn record(&self, took: Duration, bytes: usize) {
+        let ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX).min(u64::MAX - 1);
+        let unknown = self.ns.load(Ordering::Relaxed) == u64::MAX;
+        average(&self.bytes, bytes as u64, unknown);
+        average(&self.ns, ns, unknown);
     }
 
-    /// Batches lately ran within `ANYWHERE_MAX`.
-    pub fn light(&self) -> bool {
-        self.0.load(Ordering::Relaxed) <= ANYWHERE_MAX.as_nanos() as u64
+    /// Batches lately ran within `ANYWHERE_MAX`, and a request of `bytes` is no bigger than they
+    /// were: its cost is known not to be larger (a big image or text to a model that is
+    /// usually fed small ones runs on the instance thread).
+    pub fn light_for(&self, bytes: usize) -> bool {
+        self.ns.load(Ordering::Relaxed) <= ANYWHERE_MAX.as_nanos() as u64
+            && bytes as u64 <= self.bytes.load(Ordering::Relaxed).saturating_mul(2).saturating_add(BYTES_SLACK)
     }
 }
 
@@ -98,17 +115,31 @@ mod tests {
     #[test]
     fn the_average_follows_the_batches() {
         let r = Recent::default();
-        assert!(!r.light(), "unknown until a batch ran");
-        r.record(Duration::from_micros(50));
-        assert!(r.light());
+        assert!(!r.light_for(16), "unknown until a batch ran");
+        r.record(Duration::from_micros(50), 64);
+        assert!(r.light_for(64));
         for _ in 0..40 {
-            r.record(Duration::from_millis(5));
+            r.record(Duration::from_millis(5), 64);
         }
-        assert!(!r.light(), "slow batches stop it");
+        assert!(!r.light_for(64), "slow batches stop it");
         for _ in 0..60 {
-            r.record(Duration::from_micros(20));
+            r.record(Duration::from_micros(20), 64);
         }
-        assert!(r.light(), "and fast ones bring it back");
+        assert!(r.light_for(64), "and fast ones bring it back");
+    }
+
+    #[test]
+    fn a_request_bigger_than_the_recent_ones_is_not_light() {
+        let r = Recent::default();
+        for _ in 0..10 {
+            r.record(Duration::from_micros(30), 100_000);
+        }
+        assert!(r.light_for(150_000), "within twice the usual size");
+        assert!(!r.light_for(1 << 20), "a megabyte to a model fed 100 kB ones");
+        let tiny = Recent::default();
+        tiny.record(Duration::from_micros(10), 69);
+        assert!(tiny.light_for(2000), "small requests vary");
+        assert!(!tiny.light_for(1_000_000));
     }
 
     #[test]

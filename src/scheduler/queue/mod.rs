@@ -29,6 +29,13 @@ pub(super) struct Job {
     pub queue_span: tracing::Span,
 }
 
+impl Job {
+    /// The request's input bytes, wherever they are.
+    pub fn input_bytes(&self) -> usize {
+        self.req.inputs.iter().flatten().map(|t| t.byte_len()).sum()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct LevelPolicy {
     /// On expiry: reject the request (true), or keep it behind the fresh ones of its level.
