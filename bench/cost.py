@@ -298,8 +298,10 @@ def main():
     names_this = f"`{args.build_label or run.commit_label()}`"
     for batching, repo in (("on", args.on), ("off", args.off)):
         # Every build serves at once (idle ones cost nothing), so drift hits them alike.
-        servers = {label: start(binary, repo) for label, binary in builds}
+        servers = {}
         try:
+            for label, binary in builds:
+                servers[label] = start(binary, repo)
             time.sleep(1)
             for model in args.models.split(","):
                 arrays, outputs = sample(servers["this"]["base"], model)
