@@ -16,7 +16,7 @@
 //!   loaded version), `cache`, `repository`, the backend contract (`backend`), `metrics`,
 //!   `telemetry`, `shm`, `gpu`.
 //! - **adapters**, the only modules that name a wire format or a framework: `frontend`, and the
-//!   backends `backend::{onnx, python, pytorch, native, identity, accelerators, ort_library}`.
+//!   backends `backend::{onnx, python, pytorch, native, identity, accelerators, library, fil}`.
 //! - **wiring**: `config` (flags and environment, read once), `server` (everything built and
 //!   started), `tune`.
 pub mod admission;

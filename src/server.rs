@@ -170,6 +170,10 @@ impl Core {
             onnx,
             python,
             pytorch,
+            Arc::new(crate::backend::fil::FilBackend::new(
+                config.xgboost_library.clone(),
+                config.lightgbm_library.clone(),
+            )),
             Arc::new(IdentityBackend),
             Arc::new(crate::backend::native::image::ImageBackend),
             Arc::new(crate::backend::native::post::PostBackend),

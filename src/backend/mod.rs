@@ -19,6 +19,8 @@ use crate::{
 pub const MAX_THREADS: usize = 1024;
 
 pub mod accelerators;
+pub mod fil;
+pub mod fil_model_type;
 pub mod identity;
 pub mod native;
 pub mod onnx;
@@ -254,4 +256,4 @@ impl Backends {
         Err(Error::unsupported(format!("backend '{name}' is not available in ferry (available: {})", known.join(", "))))
     }
 }
-pub mod ort_library;
+pub mod library;

@@ -26,7 +26,7 @@ use staging::Staging;
 use super::{
     Backend, BackendInput, Device, DeviceTarget, Executed, InstanceSpec, ModelInstance, ModelIo, TensorInfo,
     accelerators::{self, Plan},
-    ort_library,
+    library,
 };
 use crate::{
     error::{Error, Result},
@@ -64,7 +64,7 @@ impl OnnxBackend {
     pub fn environment(&self) -> Result<&Environment> {
         self.environment
             .get_or_init(|| {
-                let located = ort_library::locate(self.library.as_deref())?;
+                let located = library::locate(&library::ONNX_RUNTIME, self.library.as_deref())?;
                 tracing::info!(path = %located.path.display(), source = located.source, "loading ONNX Runtime");
                 let builder = ort::init_from(&located.path)
                     .map_err(|e| format!("cannot load ONNX Runtime from '{}': {e}", located.path.display()))?;

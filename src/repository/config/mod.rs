@@ -81,6 +81,12 @@ pub fn fill_with(
         }
     } else if matches!(cfg.platform.as_str(), "pytorch_libtorch" | "torch_aoti") || cfg.backend == "pytorch" {
         fill_pytorch(cfg)?;
+    } else if cfg.backend == "fil" {
+        // FIL's file name follows its model_type (xgboost.json, model.txt, ...).
+        let model_type = crate::backend::fil_model_type::ModelType::of(cfg)?;
+        if cfg.default_model_filename.is_empty() {
+            cfg.default_model_filename = model_type.default_file().into();
+        }
     } else if cfg.backend.is_empty() && cfg.platform.is_empty() && first_version_holds(dir, "model.py") {
         // As Triton's auto-complete: a folder with model.py is a Python model.
         cfg.backend = "python".into();
@@ -110,7 +116,7 @@ fn first_version_holds(dir: &Path, file: &str) -> bool {
 
 /// What ferry serves, for errors about what it does not.
 const SERVED: &str = "ferry serves backend \"onnxruntime\" (platform \"onnxruntime_onnx\"), backend \"python\", backend \
-                      \"pytorch\" (platforms \"pytorch_libtorch\" and \"torch_aoti\"), its built-in processing backends \"ferry_image\", \"ferry_tokenizer\" and \"ferry_postprocess\", and \
+                      \"pytorch\" (platforms \"pytorch_libtorch\" and \"torch_aoti\"), backend \"fil\" (XGBoost and LightGBM), its built-in processing backends \"ferry_image\", \"ferry_tokenizer\" and \"ferry_postprocess\", and \
                       platform \"ensemble\"";
 
 /// What to say of a platform or backend ferry does not serve (None: one it serves, or none named).
@@ -121,6 +127,7 @@ fn unsupported(platform: &str, backend: &str) -> Option<String> {
             "" | "onnxruntime"
                 | "python"
                 | "pytorch"
+                | "fil"
                 | "identity"
                 | "ferry_image"
                 | "ferry_tokenizer"
@@ -288,6 +295,7 @@ pub fn normalize_with(cfg: &mut ModelConfig, gpus: &[i32]) {
 }
 
 mod checks;
+
 pub use checks::{
     MAX_INSTANCES, MAX_PRIORITY_LEVELS, MAX_WARMUP_BYTES, MAX_WARMUP_RUNS, Scalars, check_against_model, validate,
 };

@@ -42,12 +42,41 @@ fn unsupported_platforms_and_backends_are_named_with_a_way_forward() {
         ),
         ("tensorflow_savedmodel", "", "convert the model to ONNX with tf2onnx"),
         ("", "tensorflow", "backend 'tensorflow' is not served by ferry (convert the model to ONNX"),
-        ("", "fil", "backend 'fil' is not served by ferry; ferry serves backend \"onnxruntime\""),
+        ("", "openvino", "backend 'openvino' is not served by ferry"),
     ] {
         let mut cfg = ModelConfig { platform: platform.into(), backend: backend.into(), ..Default::default() };
         let e = fill(&mut cfg, &root.path().join("m"), "m").unwrap_err();
         assert!(e.contains(want), "{platform}/{backend}: {e}");
     }
+}
+
+#[test]
+fn a_fil_models_file_follows_its_model_type() {
+    let root = dir_with_version("m");
+    for (model_type, file) in [
+        (None, "xgboost.model"),
+        (Some("xgboost_json"), "xgboost.json"),
+        (Some("xgboost_ubj"), "xgboost.ubj"),
+        (Some("lightgbm"), "model.txt"),
+    ] {
+        let mut cfg = ModelConfig { backend: "fil".into(), ..Default::default() };
+        if let Some(t) = model_type {
+            cfg.parameters
+                .insert("model_type".into(), crate::proto::inference::ModelParameter { string_value: t.into() });
+        }
+        fill(&mut cfg, &root.path().join("m"), "m").unwrap();
+        assert_eq!(cfg.default_model_filename, file, "{model_type:?}");
+    }
+    let mut cfg =
+        ModelConfig { backend: "fil".into(), default_model_filename: "forest.json".into(), ..Default::default() };
+    cfg.parameters
+        .insert("model_type".into(), crate::proto::inference::ModelParameter { string_value: "xgboost_json".into() });
+    fill(&mut cfg, &root.path().join("m"), "m").unwrap();
+    assert_eq!(cfg.default_model_filename, "forest.json");
+    cfg.parameters
+        .insert("model_type".into(), crate::proto::inference::ModelParameter { string_value: "sklearn".into() });
+    let e = fill(&mut cfg, &root.path().join("m"), "m").unwrap_err();
+    assert!(e.contains("model_type is 'sklearn'"), "{e}");
 }
 
 #[test]

@@ -1,0 +1,189 @@
+//! LightGBM's C API (`lib_lightgbm.so`, loaded at run time): a booster from a model text file and
+//! its prediction over a dense row-major FP32 batch (a prepared single-row path for batch 1).
+use std::{
+    ffi::{CStr, CString, c_char, c_int, c_void},
+    path::Path,
+    sync::Arc,
+};
+
+use super::Forest;
+
+type Handle = *mut c_void;
+
+/// `C_API_DTYPE_FLOAT32` and `C_API_PREDICT_NORMAL` of LightGBM's c_api.h.
+const FLOAT32: c_int = 0;
+const PREDICT_NORMAL: c_int = 0;
+
+pub struct Api {
+    last_error: unsafe extern "C" fn() -> *const c_char,
+    from_file: unsafe extern "C" fn(*const c_char, *mut c_int, *mut Handle) -> c_int,
+    free: unsafe extern "C" fn(Handle) -> c_int,
+    num_classes: unsafe extern "C" fn(Handle, *mut c_int) -> c_int,
+    num_feature: unsafe extern "C" fn(Handle, *mut c_int) -> c_int,
+    #[allow(clippy::type_complexity)]
+    predict_mat: unsafe extern "C" fn(
+        Handle,
+        *const c_void,
+        c_int,
+        i32,
+        i32,
+        c_int,
+        c_int,
+        c_int,
+        c_int,
+        *const c_char,
+        *mut i64,
+        *mut f64,
+    ) -> c_int,
+    #[allow(clippy::type_complexity)]
+    row_init: unsafe extern "C" fn(Handle, c_int, c_int, c_int, c_int, i32, *const c_char, *mut Handle) -> c_int,
+    row_predict: unsafe extern "C" fn(Handle, *const c_void, *mut i64, *mut f64) -> c_int,
+    fast_free: unsafe extern "C" fn(Handle) -> c_int,
+    /// Last: the entry points above live as long as it.
+    _library: libloading::Library,
+}
+
+macro_rules! entry {
+    ($lib:expr, $name:literal) => {
+        // SAFETY: the field's type is the function's C signature in LightGBM's c_api.h.
+        *unsafe { $lib.get(concat!($name, "\0").as_bytes()) }
+            .map_err(|e| format!("the LightGBM library has no {}: {e}", $name))?
+    };
+}
+
+impl Api {
+    pub fn load(path: &Path) -> Result<Api, String> {
+        // SAFETY: loading runs the library's initialisers; LightGBM's are plain C++ statics.
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| format!("cannot load LightGBM from '{}': {e}", path.display()))?;
+        Ok(Api {
+            last_error: entry!(lib, "LGBM_GetLastError"),
+            from_file: entry!(lib, "LGBM_BoosterCreateFromModelfile"),
+            free: entry!(lib, "LGBM_BoosterFree"),
+            num_classes: entry!(lib, "LGBM_BoosterGetNumClasses"),
+            num_feature: entry!(lib, "LGBM_BoosterGetNumFeature"),
+            predict_mat: entry!(lib, "LGBM_BoosterPredictForMat"),
+            row_init: entry!(lib, "LGBM_BoosterPredictForMatSingleRowFastInit"),
+            row_predict: entry!(lib, "LGBM_BoosterPredictForMatSingleRowFast"),
+            fast_free: entry!(lib, "LGBM_FastConfigFree"),
+            _library: lib,
+        })
+    }
+
+    fn check(&self, rc: c_int, what: &str) -> Result<(), String> {
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: LGBM_GetLastError returns a NUL-terminated, thread-local string.
+        let msg = unsafe {
+            let p = (self.last_error)();
+            if p.is_null() { String::new() } else { CStr::from_ptr(p).to_string_lossy().into_owned() }
+        };
+        Err(format!("LightGBM {what} failed: {}", msg.trim()))
+    }
+}
+
+pub struct Booster {
+    api: Arc<Api>,
+    handle: Handle,
+    /// The prepared single-row prediction (null until made).
+    row: Handle,
+    features: usize,
+    width: usize,
+    parameters: CString,
+    scores: Vec<f64>,
+}
+
+// SAFETY: a booster is used by one thread at a time (`&mut self`).
+unsafe impl Send for Booster {}
+
+impl Drop for Booster {
+    fn drop(&mut self) {
+        // SAFETY: each handle came from LightGBM and is freed once, the prepared row first.
+        unsafe {
+            if !self.row.is_null() {
+                (self.api.fast_free)(self.row);
+            }
+            (self.api.free)(self.handle);
+        }
+    }
+}
+
+impl Booster {
+    pub fn load(api: Arc<Api>, path: &Path, threads: usize) -> Result<Booster, String> {
+        let file = CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| format!("'{}' has a NUL in its path", path.display()))?;
+        let (mut iterations, mut handle) = (0 as c_int, std::ptr::null_mut());
+        // SAFETY: `file` outlives the call; the outputs receive the count and the booster.
+        let rc = unsafe { (api.from_file)(file.as_ptr(), &mut iterations, &mut handle) };
+        api.check(rc, &format!("loading '{}'", path.display()))?;
+        let parameters = CString::new(format!("num_threads={}", threads.max(1))).expect("no NUL");
+        let mut b =
+            Booster { api, handle, row: std::ptr::null_mut(), features: 0, width: 1, parameters, scores: Vec::new() };
+        let api = Arc::clone(&b.api);
+        let (mut classes, mut features) = (0 as c_int, 0 as c_int);
+        // SAFETY: the outputs receive the counts.
+        api.check(unsafe { (api.num_classes)(b.handle, &mut classes) }, "reading the class count")?;
+        api.check(unsafe { (api.num_feature)(b.handle, &mut features) }, "reading the feature count")?;
+        b.width = usize::try_from(classes).ok().filter(|&c| c > 0).ok_or("LightGBM says the model has no classes")?;
+        b.features = usize::try_from(features).map_err(|_| "LightGBM says the model has no features".to_string())?;
+        let cols = i32::try_from(b.features).map_err(|_| "LightGBM model has too many features".to_string())?;
+        // SAFETY: `parameters` outlives the call; `row` receives the prepared prediction.
+        let rc = unsafe {
+            (api.row_init)(b.handle, PREDICT_NORMAL, 0, -1, FLOAT32, cols, b.parameters.as_ptr(), &mut b.row)
+        };
+        api.check(rc, "preparing single-row prediction")?;
+        Ok(b)
+    }
+}
+
+impl Forest for Booster {
+    fn features(&self) -> usize {
+        self.features
+    }
+
+    fn width(&self) -> usize {
+        self.width
+    }
+
+    fn gives_classes(&self) -> bool {
+        false
+    }
+
+    fn predict(&mut self, data: &[f32], rows: usize, out: &mut Vec<f32>) -> Result<(), String> {
+        let want = rows.checked_mul(self.width).ok_or("batch too large")?;
+        let nrow = i32::try_from(rows).map_err(|_| format!("{rows} rows is more than LightGBM takes"))?;
+        self.scores.clear();
+        self.scores.resize(want, 0.0);
+        let mut written = 0i64;
+        // SAFETY: `data` holds rows × features floats (checked by the caller) and `scores` room for
+        // rows × classes values, both outliving the call.
+        let rc = unsafe {
+            if rows == 1 {
+                (self.api.row_predict)(self.row, data.as_ptr().cast(), &mut written, self.scores.as_mut_ptr())
+            } else {
+                (self.api.predict_mat)(
+                    self.handle,
+                    data.as_ptr().cast(),
+                    FLOAT32,
+                    nrow,
+                    self.features as i32,
+                    1,
+                    PREDICT_NORMAL,
+                    0,
+                    -1,
+                    self.parameters.as_ptr(),
+                    &mut written,
+                    self.scores.as_mut_ptr(),
+                )
+            }
+        };
+        self.api.check(rc, "predicting")?;
+        if usize::try_from(written).ok() != Some(want) {
+            return Err(format!("LightGBM wrote {written} values for {rows} rows of {} classes", self.width));
+        }
+        out.clear();
+        out.extend(self.scores.iter().map(|&v| v as f32));
+        Ok(())
+    }
+}

@@ -1,0 +1,274 @@
+//! Tree models as Triton's FIL backend takes them (`backend: "fil"`): XGBoost (JSON, UBJSON and
+//! the legacy binary format) and LightGBM (text) forests, run by the framework's own predictor
+//! through its C API, loaded at run time like ONNX Runtime (`backend::library`), so the outputs
+//! are the framework's own. One input `input__0` (FP32, `[batch, features]`), one output
+//! `output__0`: class scores, class probabilities (`predict_proba`), or class ids
+//! (`output_class`, with `threshold` for binary models), as FIL gives them.
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, OnceLock},
+};
+
+use bytes::Bytes;
+
+use super::{Backend, BackendInput, Device, InstanceSpec, ModelInstance, ModelIo, TensorInfo, library};
+use crate::{
+    backend::fil_model_type::ModelType,
+    error::{Error, Result},
+    proto::inference::{ModelConfig, ModelInput, ModelOutput},
+    tensor::{DataType, Tensor},
+};
+
+mod lightgbm;
+mod output;
+mod xgboost;
+
+use output::Output;
+
+pub const INPUT: &str = "input__0";
+pub const OUTPUT: &str = "output__0";
+
+/// A loaded forest: dense FP32 rows in, `width()` values per row out.
+trait Forest: Send {
+    fn features(&self) -> usize;
+    /// Values per row that `predict` writes (1 for regression and binary models).
+    fn width(&self) -> usize;
+    /// Whether the values are class ids already (XGBoost's `multi:softmax`).
+    fn gives_classes(&self) -> bool;
+    fn predict(&mut self, data: &[f32], rows: usize, out: &mut Vec<f32>) -> std::result::Result<(), String>;
+}
+
+/// FIL's parameters that choose how its own engine runs (on the GPU mostly): ferry runs the
+/// framework's predictor, so they are taken and have no effect.
+const NO_EFFECT: &[&str] = &[
+    "algo",
+    "storage_type",
+    "threads_per_tree",
+    "blocks_per_sm",
+    "transfer_threshold",
+    "use_experimental_optimizations",
+    "layout",
+    "chunk_size",
+    "xgboost_allow_unknown_field",
+];
+
+/// The backend; each framework's library is found and loaded once, at the first model needing it.
+pub struct FilBackend {
+    xgboost_library: Option<PathBuf>,
+    lightgbm_library: Option<PathBuf>,
+    xgboost: OnceLock<std::result::Result<Arc<xgboost::Api>, String>>,
+    lightgbm: OnceLock<std::result::Result<Arc<lightgbm::Api>, String>>,
+}
+
+impl FilBackend {
+    /// The configured library paths (None: found by `library::locate`).
+    pub fn new(xgboost_library: Option<PathBuf>, lightgbm_library: Option<PathBuf>) -> Self {
+        FilBackend { xgboost_library, lightgbm_library, xgboost: OnceLock::new(), lightgbm: OnceLock::new() }
+    }
+
+    fn xgboost(&self) -> Result<Arc<xgboost::Api>> {
+        let api = self.xgboost.get_or_init(|| {
+            let located = library::locate(&library::XGBOOST, self.xgboost_library.as_deref())?;
+            tracing::info!(path = %located.path.display(), source = located.source, "loading XGBoost");
+            xgboost::Api::load(&located.path).map(Arc::new)
+        });
+        api.clone().map_err(Error::unavailable)
+    }
+
+    fn lightgbm(&self) -> Result<Arc<lightgbm::Api>> {
+        let api = self.lightgbm.get_or_init(|| {
+            let located = library::locate(&library::LIGHTGBM, self.lightgbm_library.as_deref())?;
+            tracing::info!(path = %located.path.display(), source = located.source, "loading LightGBM");
+            lightgbm::Api::load(&located.path).map(Arc::new)
+        });
+        api.clone().map_err(Error::unavailable)
+    }
+
+    fn forest(&self, path: &Path, config: &ModelConfig, device: Device, threads: usize) -> Result<Box<dyn Forest>> {
+        let named = |e: String| Error::invalid(format!("model '{}': {e}", config.name));
+        match ModelType::of(config).map_err(Error::invalid)? {
+            ModelType::Xgboost | ModelType::XgboostJson | ModelType::XgboostUbj => {
+                let gpu = match device {
+                    Device::Gpu(g) => Some(g),
+                    Device::Cpu => None,
+                };
+                Ok(Box::new(xgboost::Booster::load(self.xgboost()?, path, threads, gpu).map_err(named)?))
+            }
+            ModelType::Lightgbm => {
+                if let Device::Gpu(_) = device {
+                    return Err(Error::unsupported(format!(
+                        "model '{}': LightGBM models run on the CPU in ferry; use instance_group kind KIND_CPU",
+                        config.name
+                    )));
+                }
+                Ok(Box::new(lightgbm::Booster::load(self.lightgbm()?, path, threads).map_err(named)?))
+            }
+            ModelType::TreeliteCheckpoint => Err(Error::unsupported(format!(
+                "model '{}': model_type treelite_checkpoint is not served by ferry; save the model in its own \
+                 framework's format (XGBoost JSON or UBJSON, LightGBM text) and name that model_type",
+                config.name
+            ))),
+        }
+    }
+}
+
+/// The model's input and output as the config should declare them.
+fn io_of(forest: &dyn Forest, output: Output) -> ModelIo {
+    let tensor = |name: &str, width: usize| TensorInfo {
+        name: name.into(),
+        datatype: Some(DataType::Fp32),
+        shape: vec![-1, i64::try_from(width).unwrap_or(i64::MAX)],
+    };
+    ModelIo {
+        inputs: vec![tensor(INPUT, forest.features())],
+        outputs: vec![tensor(OUTPUT, output.width(forest.width()))],
+    }
+}
+
+impl Backend for FilBackend {
+    fn name(&self) -> &'static str {
+        "fil"
+    }
+
+    fn model_io(&self, _model_path: &Path) -> Result<ModelIo> {
+        Ok(ModelIo::default())
+    }
+
+    /// Declares `input__0` and `output__0` from the model when the config leaves them out.
+    fn auto_complete(&self, model_path: &Path, config: &mut ModelConfig) -> Result<()> {
+        if !config.input.is_empty() && !config.output.is_empty() {
+            return Ok(());
+        }
+        let forest = self.forest(model_path, config, Device::Cpu, 1)?;
+        let output = Output::of(config, forest.as_ref()).map_err(Error::invalid)?;
+        let io = io_of(forest.as_ref(), output);
+        let dims = |t: &TensorInfo| if config.max_batch_size > 0 { t.shape[1..].to_vec() } else { t.shape.clone() };
+        if config.input.is_empty() {
+            let dims = dims(&io.inputs[0]);
+            config.input.push(ModelInput {
+                name: INPUT.into(),
+                data_type: DataType::Fp32.config(),
+                dims,
+                ..Default::default()
+            });
+        }
+        if config.output.is_empty() {
+            let dims = dims(&io.outputs[0]);
+            config.output.push(ModelOutput {
+                name: OUTPUT.into(),
+                data_type: DataType::Fp32.config(),
+                dims,
+                ..Default::default()
+            });
+        }
+        Ok(())
+    }
+
+    fn load(&self, spec: &InstanceSpec<'_>) -> Result<Box<dyn ModelInstance>> {
+        let config = spec.config;
+        let ignored: Vec<&str> = NO_EFFECT.iter().copied().filter(|k| config.parameters.contains_key(*k)).collect();
+        if !ignored.is_empty() && spec.index == 0 {
+            tracing::warn!(
+                model = %config.name,
+                "FIL parameters {} tune FIL's own engine; ferry runs the framework's predictor, so they have no effect",
+                ignored.join(", ")
+            );
+        }
+        let threads = match config.parameters.get("cpu_nthread").map(|p| p.string_value.trim()) {
+            None | Some("") | Some("-1") => spec.intra_op_threads,
+            Some(v) => v.parse::<usize>().ok().filter(|&n| (1..=super::MAX_THREADS).contains(&n)).ok_or_else(|| {
+                Error::invalid(format!(
+                    "model '{}': parameter cpu_nthread is '{v}'; expected 1 to {} (or -1: the instance's share of the cores)",
+                    config.name,
+                    super::MAX_THREADS
+                ))
+            })?,
+        };
+        if let Some(o) = config.output.iter().find(|o| o.name != OUTPUT) {
+            return Err(Error::unsupported(format!(
+                "model '{}': output '{}' is not served; ferry's FIL backend gives one output, {OUTPUT} (no treeshap_output)",
+                config.name, o.name
+            )));
+        }
+        let forest = self.forest(spec.model_path, config, spec.device, threads)?;
+        let output = Output::of(config, forest.as_ref()).map_err(Error::invalid)?;
+        Ok(Box::new(FilInstance {
+            io: io_of(forest.as_ref(), output),
+            forest,
+            output,
+            on_host: spec.device == Device::Cpu,
+            rows: Vec::new(),
+            scores: Vec::new(),
+        }))
+    }
+}
+
+struct FilInstance {
+    forest: Box<dyn Forest>,
+    output: Output,
+    io: ModelIo,
+    on_host: bool,
+    /// The batch's rows, when its bytes are not aligned for f32.
+    rows: Vec<f32>,
+    scores: Vec<f32>,
+}
+
+impl ModelInstance for FilInstance {
+    fn model_io(&self) -> Option<ModelIo> {
+        Some(self.io.clone())
+    }
+
+    fn runs_anywhere(&self) -> bool {
+        self.on_host
+    }
+
+    fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
+        let input = inputs
+            .iter()
+            .find(|i| i.name == INPUT)
+            .ok_or_else(|| Error::invalid(format!("FIL model: missing input '{INPUT}'")))?;
+        if input.datatype != DataType::Fp32 {
+            return Err(Error::invalid(format!(
+                "FIL model: input '{INPUT}' must be FP32, got {}",
+                input.datatype.wire()
+            )));
+        }
+        let features = self.forest.features();
+        let given = input.shape.last().copied().unwrap_or(0);
+        if usize::try_from(given).ok() != Some(features) || input.data.len() % (4 * features.max(1)) != 0 {
+            return Err(Error::invalid(format!(
+                "FIL model: input '{INPUT}' has rows of {given} features; the model takes {features}"
+            )));
+        }
+        let rows = input.data.len() / (4 * features.max(1));
+        let data: &[f32] = match bytemuck::try_cast_slice(input.data) {
+            Ok(d) => d,
+            Err(_) => {
+                self.rows.clear();
+                self.rows.extend(input.data.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])));
+                &self.rows
+            }
+        };
+        if rows == 0 {
+            self.scores.clear();
+        } else {
+            self.forest.predict(data, rows, &mut self.scores).map_err(Error::internal)?;
+        }
+        let values = Bytes::from(self.output.finish(&self.scores, rows, self.forest.width()));
+        let width = self.output.width(self.forest.width());
+        outputs
+            .iter()
+            .map(|name| {
+                if *name != OUTPUT {
+                    return Err(Error::invalid(format!("FIL model has no output '{name}' (it gives {OUTPUT})")));
+                }
+                Ok(Tensor {
+                    name: OUTPUT.into(),
+                    datatype: DataType::Fp32,
+                    shape: vec![rows as i64, width as i64],
+                    data: values.clone(),
+                })
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,211 @@
+//! XGBoost's C API (`libxgboost.so`, loaded at run time): a booster from a model file (JSON,
+//! UBJSON or the legacy binary format, told apart by XGBoost from the bytes) and its in-place
+//! prediction over a dense row-major FP32 batch.
+use std::{
+    ffi::{CStr, CString, c_char, c_int, c_void},
+    path::Path,
+    sync::Arc,
+};
+
+use super::Forest;
+
+type Handle = *mut c_void;
+
+/// The entry points ferry calls, resolved once from the library.
+pub struct Api {
+    last_error: unsafe extern "C" fn() -> *const c_char,
+    create: unsafe extern "C" fn(*const Handle, u64, *mut Handle) -> c_int,
+    free: unsafe extern "C" fn(Handle) -> c_int,
+    load_buffer: unsafe extern "C" fn(Handle, *const c_void, u64) -> c_int,
+    set_param: unsafe extern "C" fn(Handle, *const c_char, *const c_char) -> c_int,
+    num_feature: unsafe extern "C" fn(Handle, *mut u64) -> c_int,
+    json_config: unsafe extern "C" fn(Handle, *mut u64, *mut *const c_char) -> c_int,
+    predict_dense: unsafe extern "C" fn(
+        Handle,
+        *const c_char,
+        *const c_char,
+        Handle,
+        *mut *const u64,
+        *mut u64,
+        *mut *const f32,
+    ) -> c_int,
+    /// Last: the entry points above live as long as it.
+    _library: libloading::Library,
+}
+
+macro_rules! entry {
+    ($lib:expr, $name:literal) => {
+        // SAFETY: the field's type is the function's C signature in XGBoost's c_api.h.
+        *unsafe { $lib.get(concat!($name, "\0").as_bytes()) }
+            .map_err(|e| format!("the XGBoost library has no {}: {e}", $name))?
+    };
+}
+
+impl Api {
+    pub fn load(path: &Path) -> Result<Api, String> {
+        // SAFETY: loading runs the library's initialisers; XGBoost's are plain C++ statics.
+        let lib = unsafe { libloading::Library::new(path) }
+            .map_err(|e| format!("cannot load XGBoost from '{}': {e}", path.display()))?;
+        Ok(Api {
+            last_error: entry!(lib, "XGBGetLastError"),
+            create: entry!(lib, "XGBoosterCreate"),
+            free: entry!(lib, "XGBoosterFree"),
+            load_buffer: entry!(lib, "XGBoosterLoadModelFromBuffer"),
+            set_param: entry!(lib, "XGBoosterSetParam"),
+            num_feature: entry!(lib, "XGBoosterGetNumFeature"),
+            json_config: entry!(lib, "XGBoosterSaveJsonConfig"),
+            predict_dense: entry!(lib, "XGBoosterPredictFromDense"),
+            _library: lib,
+        })
+    }
+
+    /// `Ok` when `rc` is 0, else XGBoost's own message for what failed.
+    fn check(&self, rc: c_int, what: &str) -> Result<(), String> {
+        if rc == 0 {
+            return Ok(());
+        }
+        // SAFETY: XGBGetLastError returns a NUL-terminated, thread-local string (or null).
+        let msg = unsafe {
+            let p = (self.last_error)();
+            if p.is_null() { String::new() } else { CStr::from_ptr(p).to_string_lossy().into_owned() }
+        };
+        Err(format!("XGBoost {what} failed: {}", msg.trim()))
+    }
+}
+
+pub struct Booster {
+    api: Arc<Api>,
+    handle: Handle,
+    features: usize,
+    width: usize,
+    classes: bool,
+    /// The prediction settings, as the JSON XGBoost reads each call.
+    config: CString,
+}
+
+// SAFETY: a booster is used by one thread at a time (`&mut self`); XGBoost boosters may move
+// between threads.
+unsafe impl Send for Booster {}
+
+impl Drop for Booster {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from XGBoosterCreate and is freed once.
+        unsafe { (self.api.free)(self.handle) };
+    }
+}
+
+impl Booster {
+    /// Loads `path` with `threads` threads; `gpu`: the CUDA device to predict on.
+    pub fn load(api: Arc<Api>, path: &Path, threads: usize, gpu: Option<i32>) -> Result<Booster, String> {
+        let bytes = std::fs::read(path).map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+        let mut handle: Handle = std::ptr::null_mut();
+        // SAFETY: no training matrices (null, 0); `handle` receives the booster.
+        api.check(unsafe { (api.create)(std::ptr::null(), 0, &mut handle) }, "creating a booster")?;
+        // From here the booster is freed on every path (Drop).
+        let mut b = Booster {
+            api,
+            handle,
+            features: 0,
+            width: 1,
+            classes: false,
+            config: CString::new(
+                r#"{"type":0,"training":false,"iteration_begin":0,"iteration_end":0,"strict_shape":false,"missing":NaN,"cache_id":0}"#,
+            )
+            .expect("no NUL"),
+        };
+        let api = Arc::clone(&b.api);
+        // SAFETY: the buffer outlives the call; XGBoost copies what it keeps.
+        let rc = unsafe { (api.load_buffer)(b.handle, bytes.as_ptr().cast(), bytes.len() as u64) };
+        api.check(rc, &format!("loading '{}'", path.display()))?;
+        drop(bytes);
+        b.set("nthread", &threads.max(1).to_string())?;
+        if let Some(gpu) = gpu {
+            b.set("device", &format!("cuda:{gpu}"))?;
+        }
+        let mut n = 0u64;
+        // SAFETY: `n` receives the count.
+        api.check(unsafe { (api.num_feature)(b.handle, &mut n) }, "reading the feature count")?;
+        b.features = usize::try_from(n).map_err(|_| "XGBoost says the model has too many features".to_string())?;
+        b.classes = b.objective()? == "multi:softmax";
+        // The width of a prediction, from one row of missing values.
+        let probe = vec![f32::NAN; b.features.max(1)];
+        let mut out = Vec::new();
+        b.width = b.run(&probe, 1, &mut out)?;
+        Ok(b)
+    }
+
+    fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
+        let (n, v) = (CString::new(name).expect("no NUL"), CString::new(value).expect("no NUL"));
+        // SAFETY: both strings outlive the call.
+        let rc = unsafe { (self.api.set_param)(self.handle, n.as_ptr(), v.as_ptr()) };
+        self.api.check(rc, &format!("setting {name}={value}"))
+    }
+
+    /// The learner's objective (`binary:logistic`, `multi:softprob`, ...).
+    fn objective(&self) -> Result<String, String> {
+        let mut len = 0u64;
+        let mut text: *const c_char = std::ptr::null();
+        // SAFETY: XGBoost returns a pointer to its own NUL-terminated buffer, valid until the next call.
+        let rc = unsafe { (self.api.json_config)(self.handle, &mut len, &mut text) };
+        self.api.check(rc, "reading the model's configuration")?;
+        let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+        let config: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| format!("XGBoost's configuration is not JSON: {e}"))?;
+        Ok(config["learner"]["objective"]["name"].as_str().unwrap_or_default().to_string())
+    }
+
+    /// Predicts `rows` rows; returns the values per row, written to `out`.
+    fn run(&mut self, data: &[f32], rows: usize, out: &mut Vec<f32>) -> Result<usize, String> {
+        let cols = self.features.max(1);
+        let array = CString::new(format!(
+            r#"{{"data":[{},true],"shape":[{rows},{cols}],"typestr":"<f4","version":3}}"#,
+            data.as_ptr() as usize
+        ))
+        .expect("no NUL");
+        let (mut shape, mut dims, mut result) = (std::ptr::null::<u64>(), 0u64, std::ptr::null::<f32>());
+        // SAFETY: `data` holds rows × cols floats and outlives the call; XGBoost returns its own
+        // buffers, valid until the next call on this booster, copied out below.
+        let rc = unsafe {
+            (self.api.predict_dense)(
+                self.handle,
+                array.as_ptr(),
+                self.config.as_ptr(),
+                std::ptr::null_mut(),
+                &mut shape,
+                &mut dims,
+                &mut result,
+            )
+        };
+        self.api.check(rc, "predicting")?;
+        let shape = unsafe { std::slice::from_raw_parts(shape, dims as usize) };
+        let total = shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(usize::try_from(d).ok()?));
+        let total = total
+            .filter(|&t| rows > 0 && t % rows == 0)
+            .ok_or_else(|| format!("XGBoost returned a prediction of shape {shape:?} for {rows} rows"))?;
+        out.clear();
+        out.extend_from_slice(unsafe { std::slice::from_raw_parts(result, total) });
+        Ok(total / rows)
+    }
+}
+
+impl Forest for Booster {
+    fn features(&self) -> usize {
+        self.features
+    }
+
+    fn width(&self) -> usize {
+        self.width
+    }
+
+    fn gives_classes(&self) -> bool {
+        self.classes
+    }
+
+    fn predict(&mut self, data: &[f32], rows: usize, out: &mut Vec<f32>) -> Result<(), String> {
+        let width = self.run(data, rows, out)?;
+        if width != self.width {
+            return Err(format!("XGBoost returned {width} values per row, {} at load", self.width));
+        }
+        Ok(())
+    }
+}

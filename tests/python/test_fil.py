@@ -1,0 +1,239 @@
+"""Tree models (`backend: "fil"`) through the real server, on the XGBoost and LightGBM libraries of
+their PyPI packages: XGBoost binary (JSON, UBJSON), multi-class, regression (the default
+`model_type` and file) and LightGBM binary and multi-class models, each compared with the same
+model's in-process prediction over HTTP (binary and JSON) and gRPC; `predict_proba`,
+`output_class` and `threshold` as FIL gives them; inputs and outputs auto-completed; batches formed
+under concurrency; a wrong feature count or datatype answered 400; a corrupt file, treelite and a
+missing library failing only their own model."""
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import lightgbm as lgb
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+import xgboost as xgb
+from tritonclient.utils import InferenceServerException
+
+from ferry_server import Server
+
+FEATURES = 8
+RNG = np.random.default_rng(7)
+ROWS = RNG.normal(size=(40, FEATURES)).astype(np.float32)
+ROWS[3, 2] = np.nan  # a missing value takes the tree's default branch, in both
+
+
+def write(repo, name, files, params, io=True, width=1, max_batch_size=64, extra=""):
+    d = os.path.join(repo, name)
+    os.makedirs(os.path.join(d, "1"))
+    for fname, data in files.items():
+        with open(os.path.join(d, "1", fname), "wb") as f:
+            f.write(data)
+    parameters = "\n".join(
+        f'parameters {{ key: "{k}" value: {{ string_value: "{v}" }} }}' for k, v in params.items())
+    tensors = ""
+    if io:
+        tensors = (f'input [{{ name: "input__0" data_type: TYPE_FP32 dims: [ {FEATURES} ] }}]\n'
+                   f'output [{{ name: "output__0" data_type: TYPE_FP32 dims: [ {width} ] }}]\n')
+    with open(os.path.join(d, "config.pbtxt"), "w") as f:
+        f.write(f'backend: "fil"\nmax_batch_size: {max_batch_size}\n{tensors}{parameters}\n'
+                f'instance_group [{{ kind: KIND_CPU }}]\n{extra}')
+
+
+def xgb_model(objective, y, **params):
+    booster = xgb.train({"objective": objective, "max_depth": 4, "eta": 0.3, **params},
+                        xgb.DMatrix(TRAIN, label=y), num_boost_round=20)
+    return booster
+
+
+def saved(booster, suffix):
+    raw = booster.save_raw(raw_format={"json": "json", "ubj": "ubj"}[suffix])
+    return bytes(raw)
+
+
+TRAIN = RNG.normal(size=(500, FEATURES)).astype(np.float32)
+BINARY_Y = (TRAIN[:, 0] + TRAIN[:, 1] * TRAIN[:, 2] > 0).astype(np.float32)
+MULTI_Y = np.digitize(TRAIN[:, 0] + TRAIN[:, 3], [-0.7, 0.7]).astype(np.float32)  # 3 classes
+REG_Y = (2 * TRAIN[:, 0] - TRAIN[:, 4] ** 2).astype(np.float32)
+QUAD_Y = np.digitize(TRAIN[:, 1] - TRAIN[:, 5], [-1, 0, 1]).astype(np.float32)  # 4 classes
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    repo = str(tmp_path_factory.mktemp("fil"))
+    expected = {}
+    binary = xgb_model("binary:logistic", BINARY_Y)
+    p = binary.inplace_predict(ROWS)
+    expected["xgb_binary"] = p.reshape(-1, 1)
+    write(repo, "xgb_binary", {"xgboost.json": saved(binary, "json")},
+          {"model_type": "xgboost_json", "output_class": "false"}, extra="dynamic_batching { max_queue_delay_microseconds: 20000 }\n")
+    expected["xgb_proba"] = np.stack([1 - p, p], axis=1)
+    write(repo, "xgb_proba", {"xgboost.ubj": saved(binary, "ubj")},
+          {"model_type": "xgboost_ubj", "output_class": "true", "predict_proba": "true"}, width=2)
+    expected["xgb_class"] = (p > 0.3).astype(np.float32).reshape(-1, 1)
+    write(repo, "xgb_class", {"xgboost.ubj": saved(binary, "ubj")},
+          {"model_type": "xgboost_ubj", "output_class": "true", "threshold": "0.3",
+           "storage_type": "AUTO", "algo": "ALGO_AUTO"})
+
+    multi = xgb_model("multi:softprob", MULTI_Y, num_class=3)
+    probs = multi.inplace_predict(ROWS)
+    expected["xgb_multi"] = probs
+    # No input or output in the config: both come from the model.
+    write(repo, "xgb_multi", {"xgboost.json": saved(multi, "json")}, {"model_type": "xgboost_json"}, io=False)
+    expected["xgb_multi_class"] = probs.argmax(axis=1).astype(np.float32).reshape(-1, 1)
+    write(repo, "xgb_multi_class", {"model.json": saved(multi, "json")},
+          {"model_type": "xgboost_json", "output_class": "true"},
+          extra='default_model_filename: "model.json"\n')
+    softmax = xgb_model("multi:softmax", MULTI_Y, num_class=3)
+    expected["xgb_softmax"] = softmax.inplace_predict(ROWS).reshape(-1, 1)
+    write(repo, "xgb_softmax", {"xgboost.json": saved(softmax, "json")},
+          {"model_type": "xgboost_json", "output_class": "true"})
+
+    reg = xgb_model("reg:squarederror", REG_Y)
+    expected["xgb_reg"] = reg.inplace_predict(ROWS).reshape(-1, 1)
+    # The default model_type (xgboost) and file (xgboost.model); XGBoost tells the format from the bytes.
+    write(repo, "xgb_reg", {"xgboost.model": saved(reg, "ubj")}, {"output_class": "false"})
+
+    lbin = lgb.train({"objective": "binary", "num_leaves": 15, "verbose": -1, "num_threads": 1},
+                     lgb.Dataset(TRAIN, label=BINARY_Y), num_boost_round=20)
+    lp = lbin.predict(ROWS.astype(np.float64))
+    expected["lgb_proba"] = np.stack([1 - lp, lp], axis=1).astype(np.float32)
+    write(repo, "lgb_proba", {"model.txt": lbin.model_to_string().encode()},
+          {"model_type": "lightgbm", "output_class": "true", "predict_proba": "true"}, width=2)
+    lmulti = lgb.train({"objective": "multiclass", "num_class": 4, "num_leaves": 15, "verbose": -1,
+                        "num_threads": 1}, lgb.Dataset(TRAIN, label=QUAD_Y), num_boost_round=15)
+    lprobs = lmulti.predict(ROWS.astype(np.float64))
+    expected["lgb_multi"] = lprobs.astype(np.float32)
+    write(repo, "lgb_multi", {"model.txt": lmulti.model_to_string().encode()},
+          {"model_type": "lightgbm", "output_class": "false", "cpu_nthread": "2"}, width=4,
+          extra="dynamic_batching { max_queue_delay_microseconds: 20000 }\n")
+    expected["lgb_multi_class"] = lprobs.argmax(axis=1).astype(np.float32).reshape(-1, 1)
+    write(repo, "lgb_multi_class", {"model.txt": lmulti.model_to_string().encode()},
+          {"model_type": "lightgbm", "output_class": "true"})
+
+    # Without a batch dimension, and any row width in the config: the backend checks the width.
+    write(repo, "xgb_nobatch", {"xgboost.json": saved(binary, "json")}, {"model_type": "xgboost_json"}, io=False,
+          max_batch_size=0, extra='input [{ name: "input__0" data_type: TYPE_FP32 dims: [ -1, -1 ] }]\n')
+    expected["xgb_nobatch"] = expected["xgb_binary"]
+
+    # Failures, each of its own model.
+    write(repo, "corrupt", {"xgboost.json": b'{"learner": {"gradient_booster": 17'}, {"model_type": "xgboost_json"})
+    write(repo, "lgb_corrupt", {"model.txt": b"tree\nversion=v4\nnum_class=banana\n"}, {"model_type": "lightgbm"})
+    write(repo, "treelite", {"checkpoint.tl": b"\0" * 64}, {"model_type": "treelite_checkpoint"})
+    write(repo, "bad_type", {"xgboost.json": saved(binary, "json")}, {"model_type": "catboost"})
+    write(repo, "wrong_width", {"xgboost.json": saved(multi, "json")}, {"model_type": "xgboost_json"}, width=2)
+    write(repo, "shap", {"xgboost.json": saved(binary, "json")}, {"model_type": "xgboost_json"},
+          extra=f'output [{{ name: "treeshap_output" data_type: TYPE_FP32 dims: [ {FEATURES + 1} ] }}]\n')
+    return repo, expected
+
+
+@pytest.fixture(scope="module")
+def server(made):
+    with Server(["--model-repository", made[0], "--exit-on-error=false"]) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def expected(made):
+    return made[1]
+
+
+SERVED = ["xgb_binary", "xgb_proba", "xgb_class", "xgb_multi", "xgb_multi_class", "xgb_softmax", "xgb_reg",
+          "lgb_proba", "lgb_multi", "lgb_multi_class", "xgb_nobatch"]
+
+
+def http_infer(server, model, x, binary=True):
+    c = httpclient.InferenceServerClient(server.url)
+    i = httpclient.InferInput("input__0", list(x.shape), "FP32")
+    i.set_data_from_numpy(x, binary_data=binary)
+    out = httpclient.InferRequestedOutput("output__0", binary_data=binary)
+    return c.infer(model, [i], outputs=[out]).as_numpy("output__0")
+
+
+def grpc_infer(server, model, x):
+    c = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    i = grpcclient.InferInput("input__0", list(x.shape), "FP32")
+    i.set_data_from_numpy(x)
+    return c.infer(model, [i]).as_numpy("output__0")
+
+
+@pytest.mark.parametrize("model", SERVED)
+def test_outputs_equal_the_frameworks_own_prediction(server, expected, model):
+    want = expected[model]
+    np.testing.assert_allclose(http_infer(server, model, ROWS), want, rtol=1e-5, atol=1e-6)
+    # JSON carries no NaN: the JSON request leaves out the row with a missing value.
+    np.testing.assert_allclose(http_infer(server, model, ROWS[4:], binary=False), want[4:], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grpc_infer(server, model, ROWS[:1]), want[:1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grpc_infer(server, model, ROWS[3:4]), want[3:4], rtol=1e-5, atol=1e-6)
+
+
+def test_inputs_and_outputs_come_from_the_model(server):
+    c = httpclient.InferenceServerClient(server.url)
+    config = c.get_model_config("xgb_multi")
+    assert config["input"][0]["name"] == "input__0" and config["input"][0]["dims"] == [FEATURES]
+    assert config["output"][0]["name"] == "output__0" and config["output"][0]["dims"] == [3]
+    meta = c.get_model_metadata("lgb_proba")
+    assert meta["inputs"] == [{"name": "input__0", "datatype": "FP32", "shape": [-1, FEATURES]}]
+    assert meta["outputs"] == [{"name": "output__0", "datatype": "FP32", "shape": [-1, 2]}]
+
+
+@pytest.mark.parametrize("model", ["xgb_binary", "lgb_multi"])
+def test_batches_form_under_concurrency(server, expected, model):
+    want = expected[model]
+    c = httpclient.InferenceServerClient(server.url)
+    before = c.get_inference_statistics(model)["model_stats"][0]
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(lambda k: http_infer(server, model, ROWS[k % 40:k % 40 + 1]), range(64)))
+    for k, got in enumerate(results):
+        np.testing.assert_allclose(got, want[k % 40:k % 40 + 1], rtol=1e-5, atol=1e-6)
+    after = c.get_inference_statistics(model)["model_stats"][0]
+    inferences = after["inference_count"] - before["inference_count"]
+    executions = after["execution_count"] - before["execution_count"]
+    assert inferences == 64
+    assert executions < inferences, (executions, inferences)
+
+
+def test_bad_inputs_are_400_and_the_server_keeps_serving(server, expected):
+    c = httpclient.InferenceServerClient(server.url)
+    for model in ["xgb_binary", "lgb_multi"]:
+        with pytest.raises(InferenceServerException, match=r"\[400\].*input__0") as e:
+            http_infer(server, model, np.zeros((2, FEATURES + 1), dtype=np.float32))
+        assert "Expected [-1,8], got [2,9]" in str(e.value), e.value
+        i = httpclient.InferInput("input__0", [1, FEATURES], "FP64")
+        i.set_data_from_numpy(np.zeros((1, FEATURES)))
+        with pytest.raises(InferenceServerException, match=r"\[400\].*FP64"):
+            c.infer(model, [i])
+    with pytest.raises(InferenceServerException, match=r"\[400\].*rows of 5 features; the model takes 8"):
+        http_infer(server, "xgb_nobatch", np.zeros((2, 5), dtype=np.float32))
+    np.testing.assert_allclose(http_infer(server, "xgb_binary", ROWS), expected["xgb_binary"], rtol=1e-5)
+
+
+def test_failures_stay_with_their_model(server):
+    c = httpclient.InferenceServerClient(server.url)
+    index = {m["name"]: m for m in c.get_model_repository_index()}
+    reasons = {name: index[name]["reason"] for name in
+               ["corrupt", "lgb_corrupt", "treelite", "bad_type", "wrong_width", "shap"]}
+    for name, reason in reasons.items():
+        assert index[name]["state"] == "UNAVAILABLE", (name, index[name])
+        assert f"'{name}'" in reason or name in reason, (name, reason)
+    assert "XGBoost loading" in reasons["corrupt"], reasons["corrupt"]
+    assert "LightGBM loading" in reasons["lgb_corrupt"], reasons["lgb_corrupt"]
+    assert "treelite_checkpoint is not served" in reasons["treelite"]
+    assert "model_type is 'catboost'" in reasons["bad_type"]
+    assert "output__0" in reasons["wrong_width"] and "3" in reasons["wrong_width"], reasons["wrong_width"]
+    assert "treeshap_output" in reasons["shap"]
+    for model in SERVED:
+        assert c.is_model_ready(model), model
+
+
+def test_a_missing_library_fails_only_its_models(made, expected):
+    with Server(["--model-repository", made[0], "--exit-on-error=false",
+                 "--backend-config=fil,lightgbm-library=/nonexistent/lib_lightgbm.so"]) as s:
+        c = httpclient.InferenceServerClient(s.url)
+        index = {m["name"]: m for m in c.get_model_repository_index()}
+        reason = index["lgb_proba"]["reason"]
+        assert index["lgb_proba"]["state"] == "UNAVAILABLE"
+        assert "no LightGBM library at '/nonexistent/lib_lightgbm.so'" in reason, reason
+        assert "fil,lightgbm-library" in reason
+        np.testing.assert_allclose(http_infer(s, "xgb_reg", ROWS), expected["xgb_reg"], rtol=1e-5, atol=1e-6)
