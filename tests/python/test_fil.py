@@ -4,17 +4,19 @@ their PyPI packages: XGBoost binary (JSON, UBJSON), multi-class, regression (the
 model's in-process prediction over HTTP (binary and JSON) and gRPC; `predict_proba`,
 `output_class` and `threshold` as FIL gives them; inputs and outputs auto-completed; batches formed
 under concurrency; a wrong feature count or datatype answered 400; a corrupt file, treelite and a
-missing library failing only their own model."""
+missing library failing only their own model; an ensemble of an XGBoost and a LightGBM model,
+warm-up and two instances."""
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-import lightgbm as lgb
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
-import xgboost as xgb
 from tritonclient.utils import InferenceServerException
+
+xgb = pytest.importorskip("xgboost")
+lgb = pytest.importorskip("lightgbm")
 
 from ferry_server import Server
 
@@ -74,7 +76,11 @@ def made(tmp_path_factory):
     expected["xgb_class"] = (p > 0.3).astype(np.float32).reshape(-1, 1)
     write(repo, "xgb_class", {"xgboost.ubj": saved(binary, "ubj")},
           {"model_type": "xgboost_ubj", "output_class": "true", "threshold": "0.3",
-           "storage_type": "AUTO", "algo": "ALGO_AUTO"})
+           "storage_type": "AUTO", "algo": "ALGO_AUTO"},
+          extra=f'''instance_group [{{ kind: KIND_CPU count: 2 }}]
+model_warmup [{{ name: "w" batch_size: 4
+  inputs {{ key: "input__0" value: {{ data_type: TYPE_FP32 dims: [ {FEATURES} ] random_data: true }} }} }}]
+''')
 
     multi = xgb_model("multi:softprob", MULTI_Y, num_class=3)
     probs = multi.inplace_predict(ROWS)
@@ -116,6 +122,25 @@ def made(tmp_path_factory):
     write(repo, "xgb_nobatch", {"xgboost.json": saved(binary, "json")}, {"model_type": "xgboost_json"}, io=False,
           max_batch_size=0, extra='input [{ name: "input__0" data_type: TYPE_FP32 dims: [ -1, -1 ] }]\n')
     expected["xgb_nobatch"] = expected["xgb_binary"]
+    write(repo, "cold", {"xgboost.json": saved(binary, "json")}, {"model_type": "xgboost_json"}, io=False,
+          max_batch_size=0, extra='''input [{ name: "input__0" data_type: TYPE_FP32 dims: [ -1, -1 ] }]
+model_warmup [{ name: "w" batch_size: 1
+  inputs { key: "input__0" value: { data_type: TYPE_FP32 dims: [ 2, 5 ] zero_data: true } } }]
+''')
+
+    # Both binary models side by side, in one ensemble.
+    os.makedirs(os.path.join(repo, "both", "1"))
+    with open(os.path.join(repo, "both", "config.pbtxt"), "w") as f:
+        f.write(f'''platform: "ensemble"
+max_batch_size: 64
+input [{{ name: "ROWS" data_type: TYPE_FP32 dims: [ {FEATURES} ] }}]
+output [{{ name: "XGB" data_type: TYPE_FP32 dims: [ 2 ] }}, {{ name: "LGB" data_type: TYPE_FP32 dims: [ 2 ] }}]
+ensemble_scheduling {{ step [
+  {{ model_name: "xgb_proba" model_version: -1 input_map {{ key: "input__0" value: "ROWS" }}
+    output_map {{ key: "output__0" value: "XGB" }} }},
+  {{ model_name: "lgb_proba" model_version: -1 input_map {{ key: "input__0" value: "ROWS" }}
+    output_map {{ key: "output__0" value: "LGB" }} }} ] }}
+''')
 
     # Failures, each of its own model.
     write(repo, "corrupt", {"xgboost.json": b'{"learner": {"gradient_booster": 17'}, {"model_type": "xgboost_json"})
@@ -166,6 +191,24 @@ def test_outputs_equal_the_frameworks_own_prediction(server, expected, model):
     np.testing.assert_allclose(http_infer(server, model, ROWS[4:], binary=False), want[4:], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grpc_infer(server, model, ROWS[:1]), want[:1], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(grpc_infer(server, model, ROWS[3:4]), want[3:4], rtol=1e-5, atol=1e-6)
+
+
+def test_an_ensemble_runs_both_frameworks(server, expected):
+    c = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}")
+    i = grpcclient.InferInput("ROWS", list(ROWS.shape), "FP32")
+    i.set_data_from_numpy(ROWS)
+    r = c.infer("both", [i])
+    np.testing.assert_allclose(r.as_numpy("XGB"), expected["xgb_proba"], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(r.as_numpy("LGB"), expected["lgb_proba"], rtol=1e-5, atol=1e-6)
+
+
+def test_warm_up_runs_the_forest(server):
+    c = httpclient.InferenceServerClient(server.url)
+    assert c.is_model_ready("xgb_class")  # two instances, each warmed with random rows
+    # A sample the forest refuses fails the load, with the forest's reason.
+    index = {m["name"]: m for m in c.get_model_repository_index()}
+    assert index["cold"]["state"] == "UNAVAILABLE"
+    assert "rows of 5 features; the model takes 8" in index["cold"]["reason"], index["cold"]
 
 
 def test_inputs_and_outputs_come_from_the_model(server):
