@@ -145,6 +145,14 @@ ensemble_scheduling {{ step [
     # Failures, each of its own model.
     write(repo, "corrupt", {"xgboost.json": b'{"learner": {"gradient_booster": 17'}, {"model_type": "xgboost_json"})
     write(repo, "lgb_corrupt", {"model.txt": b"tree\nversion=v4\nnum_class=banana\n"}, {"model_type": "lightgbm"})
+    # A model file is untrusted: what it declares sizes every prediction's buffers.
+    import json
+    for name, key, value in (("many_features", "num_feature", "4000000000"), ("many_classes", "num_class", "1000000000")):
+        doc = json.loads(saved(multi, "json"))
+        doc["learner"]["learner_model_param"][key] = value
+        write(repo, name, {"xgboost.json": json.dumps(doc).encode()}, {"model_type": "xgboost_json"}, io=False)
+    text = lmulti.model_to_string().replace("num_class=4", "num_class=1000000000", 1)
+    write(repo, "lgb_many_classes", {"model.txt": text.encode()}, {"model_type": "lightgbm"}, io=False)
     write(repo, "treelite", {"checkpoint.tl": b"\0" * 64}, {"model_type": "treelite_checkpoint"})
     write(repo, "bad_type", {"xgboost.json": saved(binary, "json")}, {"model_type": "catboost"})
     write(repo, "wrong_width", {"xgboost.json": saved(multi, "json")}, {"model_type": "xgboost_json"}, width=2)
@@ -256,7 +264,8 @@ def test_failures_stay_with_their_model(server):
     c = httpclient.InferenceServerClient(server.url)
     index = {m["name"]: m for m in c.get_model_repository_index()}
     reasons = {name: index[name]["reason"] for name in
-               ["corrupt", "lgb_corrupt", "treelite", "bad_type", "wrong_width", "shap"]}
+               ["corrupt", "lgb_corrupt", "treelite", "bad_type", "wrong_width", "shap", "many_features",
+                "many_classes", "lgb_many_classes"]}
     for name, reason in reasons.items():
         assert index[name]["state"] == "UNAVAILABLE", (name, index[name])
         assert f"'{name}'" in reason or name in reason, (name, reason)
@@ -266,6 +275,10 @@ def test_failures_stay_with_their_model(server):
     assert "model_type is 'catboost'" in reasons["bad_type"]
     assert "output__0" in reasons["wrong_width"] and "3" in reasons["wrong_width"], reasons["wrong_width"]
     assert "treeshap_output" in reasons["shap"]
+    assert "4000000000 features; ferry takes tree models of up to" in reasons["many_features"], reasons
+    # XGBoost checks the class count against the model itself; its message, without a stack trace.
+    assert "n_classes`: 1000000000" in reasons["many_classes"] and "Stack trace" not in reasons["many_classes"]
+    assert "1000000000 classes; ferry takes tree models of 1 to 16384" in reasons["lgb_many_classes"], reasons
     for model in SERVED:
         assert c.is_model_ready(model), model
 

@@ -125,8 +125,13 @@ impl Booster {
         // SAFETY: the outputs receive the counts.
         api.check(unsafe { (api.num_classes)(b.handle, &mut classes) }, "reading the class count")?;
         api.check(unsafe { (api.num_feature)(b.handle, &mut features) }, "reading the feature count")?;
-        b.width = usize::try_from(classes).ok().filter(|&c| c > 0).ok_or("LightGBM says the model has no classes")?;
-        b.features = usize::try_from(features).map_err(|_| "LightGBM says the model has no features".to_string())?;
+        b.width =
+            usize::try_from(classes).ok().filter(|&c| (1..=super::MAX_CLASSES).contains(&c)).ok_or_else(|| {
+                format!("the model has {classes} classes; ferry takes tree models of 1 to {}", super::MAX_CLASSES)
+            })?;
+        b.features = usize::try_from(features).ok().filter(|&f| f <= super::MAX_FEATURES).ok_or_else(|| {
+            format!("the model has {features} features; ferry takes tree models of up to {}", super::MAX_FEATURES)
+        })?;
         let cols = i32::try_from(b.features).map_err(|_| "LightGBM model has too many features".to_string())?;
         // SAFETY: `parameters` outlives the call; `row` receives the prepared prediction.
         let rc = unsafe {

@@ -27,6 +27,9 @@ use output::Output;
 
 pub const INPUT: &str = "input__0";
 pub const OUTPUT: &str = "output__0";
+/// Bounds on what a model file may declare (it sizes the buffers of every prediction).
+const MAX_FEATURES: usize = 1 << 20;
+const MAX_CLASSES: usize = 1 << 14;
 
 /// A loaded forest: dense FP32 rows in, `width()` values per row out.
 trait Forest: Send {

@@ -69,8 +69,19 @@ impl Api {
             let p = (self.last_error)();
             if p.is_null() { String::new() } else { CStr::from_ptr(p).to_string_lossy().into_owned() }
         };
-        Err(format!("XGBoost {what} failed: {}", msg.trim()))
+        Err(format!("XGBoost {what} failed: {}", tidy(&msg)))
     }
+}
+
+/// XGBoost's message without the time, source location and stack trace it wraps it in.
+fn tidy(msg: &str) -> &str {
+    let msg = msg.split("Stack trace:").next().unwrap_or(msg).trim();
+    let located = msg
+        .strip_prefix('[')
+        .and_then(|m| m.split_once("] "))
+        .and_then(|(_, rest)| rest.split_once(": "))
+        .filter(|(at, _)| at.contains(':') && !at.contains(' '));
+    located.map_or(msg, |(_, text)| text.trim())
 }
 
 pub struct Booster {
@@ -125,8 +136,23 @@ impl Booster {
         let mut n = 0u64;
         // SAFETY: `n` receives the count.
         api.check(unsafe { (api.num_feature)(b.handle, &mut n) }, "reading the feature count")?;
-        b.features = usize::try_from(n).map_err(|_| "XGBoost says the model has too many features".to_string())?;
-        b.classes = b.objective()? == "multi:softmax";
+        b.features = usize::try_from(n).ok().filter(|&f| f <= super::MAX_FEATURES).ok_or_else(|| {
+            format!("the model has {n} features; ferry takes tree models of up to {}", super::MAX_FEATURES)
+        })?;
+        let config = b.config()?;
+        let learner = &config["learner"];
+        let outputs = ["num_class", "num_target"].map(|k| {
+            learner["learner_model_param"][k].as_str().and_then(|v| v.parse::<u64>().ok()).unwrap_or(1).max(1)
+        });
+        if outputs.iter().any(|&k| k > super::MAX_CLASSES as u64) {
+            return Err(format!(
+                "the model has {} classes and {} targets; ferry takes tree models of up to {} of each",
+                outputs[0],
+                outputs[1],
+                super::MAX_CLASSES
+            ));
+        }
+        b.classes = learner["objective"]["name"].as_str() == Some("multi:softmax");
         // The width of a prediction, from one row of missing values.
         let probe = vec![f32::NAN; b.features.max(1)];
         let mut out = Vec::new();
@@ -141,17 +167,15 @@ impl Booster {
         self.api.check(rc, &format!("setting {name}={value}"))
     }
 
-    /// The learner's objective (`binary:logistic`, `multi:softprob`, ...).
-    fn objective(&self) -> Result<String, String> {
+    /// The learner's configuration (objective, class count, ...), as XGBoost writes it.
+    fn config(&self) -> Result<serde_json::Value, String> {
         let mut len = 0u64;
         let mut text: *const c_char = std::ptr::null();
         // SAFETY: XGBoost returns a pointer to its own NUL-terminated buffer, valid until the next call.
         let rc = unsafe { (self.api.json_config)(self.handle, &mut len, &mut text) };
         self.api.check(rc, "reading the model's configuration")?;
         let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
-        let config: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| format!("XGBoost's configuration is not JSON: {e}"))?;
-        Ok(config["learner"]["objective"]["name"].as_str().unwrap_or_default().to_string())
+        serde_json::from_str(&text).map_err(|e| format!("XGBoost's configuration is not JSON: {e}"))
     }
 
     /// Predicts `rows` rows; returns the values per row, written to `out`.
@@ -207,5 +231,16 @@ impl Forest for Booster {
             return Err(format!("XGBoost returned {width} values per row, {} at load", self.width));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn xgboost_messages_lose_their_wrapping() {
+        let raw = "[18:01:58] /workspace/src/common/error_msg.cc:109: Invalid `base_score`, it should match.\n\
+                   Stack trace:\n  [bt] (0) libxgboost.so(+0x11031e)";
+        assert_eq!(super::tidy(raw), "Invalid `base_score`, it should match.");
+        assert_eq!(super::tidy("plain words: here"), "plain words: here");
     }
 }
