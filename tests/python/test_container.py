@@ -9,10 +9,12 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
 
+import numpy as np
 import pytest
 
 from buckets import StorageServer, free_port
@@ -234,9 +236,15 @@ def test_the_python_image_runs_python_models_with_added_packages_and_env_archive
     ctx = tmp_path / "derived"
     ctx.mkdir()
     wheel = tiny_wheel(str(ctx))
-    (ctx / "Dockerfile").write_text(f"FROM {PY_IMAGE}\nUSER root\nCOPY {wheel} /tmp/\n"
-                                    f"RUN python3 -m pip install --no-cache-dir --no-index /tmp/{wheel}\n"
-                                    "USER 65532:65532\n")
+    # XGBoost's wheel, as the tests' own (pip's cache, else PyPI), for a FIL model: ferry finds its
+    # libxgboost.so in the image's site-packages.
+    import xgboost
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    f"xgboost-cpu=={xgboost.__version__}", "-d", str(ctx)], check=True)
+    (xgb_wheel,) = [w for w in os.listdir(ctx) if w.startswith("xgboost_cpu-")]
+    (ctx / "Dockerfile").write_text(f"FROM {PY_IMAGE}\nUSER root\nCOPY {wheel} {xgb_wheel} /tmp/\n"
+                                    f"RUN python3 -m pip install --no-cache-dir --no-index --no-deps /tmp/{wheel} "
+                                    f"/tmp/{xgb_wheel}\nUSER 65532:65532\n")
     derived = f"{PY_IMAGE}-derived"
     subprocess.run(["docker", "build", "--pull=false", "-t", derived, str(ctx)], check=True, stdout=subprocess.DEVNULL)
     repo = tmp_path / "repo"
@@ -245,11 +253,19 @@ def test_the_python_image_runs_python_models_with_added_packages_and_env_archive
                         USES_CONFIG + 'parameters { key: "EXECUTION_ENV_PATH" '
                         'value { string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz" } }\n')
     env_archive(str(repo / "uses_env" / "env.tar.gz"))
+    rows = np.random.default_rng(3).normal(size=(200, 4)).astype(np.float32)
+    booster = xgboost.train({"objective": "binary:logistic"}, xgboost.DMatrix(rows, label=rows[:, 0] > 0), 5)
+    os.makedirs(repo / "trees" / "1")
+    (repo / "trees" / "1" / "xgboost.json").write_bytes(bytes(booster.save_raw("json")))
+    (repo / "trees" / "config.pbtxt").write_text(
+        'backend: "fil"\nmax_batch_size: 8\nparameters { key: "model_type" value: { string_value: "xgboost_json" } }\n')
+    want_trees = booster.inplace_predict(rows[:2]).tolist()
     subprocess.run(["chmod", "-R", "a+rX", str(repo)], check=True)
     try:
         # The example pipeline's Python steps serve by default; then the derived image's models.
         for image, mounts, expect in ((PY_IMAGE, [], {"text_classifier": None}),
-                                      (derived, ["-v", f"{repo}:/models:ro"], {"uses_pip": "pip", "uses_env": "archive"})):
+                                      (derived, ["-v", f"{repo}:/models:ro"],
+                                       {"uses_pip": "pip", "uses_env": "archive", "trees": want_trees})):
             command = ["--model-repository", "/models"] if mounts else []
             c = Container(image, ["-p", "127.0.0.1::8000", *mounts], command=command, service="kserve",
                           container_port=8000)
@@ -264,6 +280,13 @@ def test_the_python_image_runs_python_models_with_added_packages_and_env_archive
                         status, _, out = request(port, "POST", f"/v2/models/{name}/infer", json.dumps(text).encode())
                         got = {o["name"]: o["data"] for o in json.loads(out)["outputs"]} if status == 200 else out
                         assert set(got) == {"LABEL", "SCORE"} and 0 <= got["SCORE"][0] <= 1, got
+                        continue
+                    if name == "trees":
+                        body = {"inputs": [{"name": "input__0", "shape": [2, 4], "datatype": "FP32",
+                                            "data": rows[:2].flatten().tolist()}]}
+                        status, _, out = request(port, "POST", f"/v2/models/{name}/infer", json.dumps(body).encode())
+                        assert status == 200, out
+                        np.testing.assert_allclose(json.loads(out)["outputs"][0]["data"], where, rtol=1e-5)
                         continue
                     body = {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1]}]}
                     status, _, out = request(port, "POST", f"/v2/models/{name}/infer", json.dumps(body).encode())
