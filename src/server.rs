@@ -166,8 +166,11 @@ impl Core {
             Arc::new(PythonBackend::new(config.python.clone(), Arc::clone(&host), tokio::runtime::Handle::current()));
         let based = Arc::clone(&python);
         let pytorch = Arc::new(crate::backend::pytorch::backend(&python, config.pytorch_python.clone()));
+        let [openvino, tensorflow] = crate::backend::openvino::backends(config.openvino_library.clone());
         let backends = Backends::new(vec![
             onnx,
+            Arc::new(openvino),
+            Arc::new(tensorflow),
             python,
             pytorch,
             Arc::new(crate::backend::fil::FilBackend::new(

@@ -44,6 +44,14 @@ pub const LIGHTGBM: Framework = Framework {
     package_dir: "lib",
 };
 
+pub const OPENVINO: Framework = Framework {
+    name: "OpenVINO",
+    file: "libopenvino_c.so",
+    configured_by: "--backend-config openvino,library=<path> or FERRY_OPENVINO_LIBRARY",
+    package: "openvino",
+    package_dir: "libs",
+};
+
 /// Where the library came from, for the log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Located {

@@ -24,6 +24,7 @@ pub mod fil_model_type;
 pub mod identity;
 pub mod native;
 pub mod onnx;
+pub mod openvino;
 pub mod python;
 pub mod pytorch;
 

@@ -350,6 +350,9 @@ pub struct Config {
     /// found as `backend::library` says).
     pub xgboost_library: Option<PathBuf>,
     pub lightgbm_library: Option<PathBuf>,
+    /// OpenVINO's C library (`--backend-config openvino,library=`, else `FERRY_OPENVINO_LIBRARY`;
+    /// None: found as `backend::library` says).
+    pub openvino_library: Option<PathBuf>,
     /// TLS of the HTTP listeners and of gRPC (None: plain TCP).
     pub http_tls: Option<Tls>,
     pub grpc_tls: Option<Tls>,
@@ -385,7 +388,7 @@ impl Config {
         let mut default_max_batch_size = 4;
         let mut python = PythonSettings::default();
         let mut pytorch_python = None;
-        let (mut xgboost_library, mut lightgbm_library) = (None, None);
+        let (mut xgboost_library, mut lightgbm_library, mut openvino_library) = (None, None, None);
         for setting in &a.backend_config {
             let number = |v: &str| {
                 v.parse::<u64>().map_err(|_| invalid(format!("--backend-config {setting}: '{v}' is not an integer")))
@@ -398,6 +401,7 @@ impl Config {
                 Some(("pytorch", ("python", v))) => pytorch_python = Some(PathBuf::from(v)),
                 Some(("fil", ("xgboost-library", v))) => xgboost_library = Some(PathBuf::from(v)),
                 Some(("fil", ("lightgbm-library", v))) => lightgbm_library = Some(PathBuf::from(v)),
+                Some(("openvino", ("library", v))) => openvino_library = Some(PathBuf::from(v)),
                 Some(("python", ("execute-timeout-seconds", v))) => {
                     python.execute_timeout = Some(std::time::Duration::from_secs(number(v)?)).filter(|d| !d.is_zero());
                 }
@@ -421,7 +425,7 @@ impl Config {
                 Some(("python", ("shm-region-prefix-name", _))) => {}
                 _ => {
                     return Err(invalid(format!(
-                        "--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>, python,executable=<path>, python,stub-timeout-seconds=<n>, python,execute-timeout-seconds=<n>, python,shm-default-byte-size=<n>, pytorch,python=<path>, fil,xgboost-library=<path> or fil,lightgbm-library=<path>"
+                        "--backend-config {setting}: expected onnxruntime,default-max-batch-size=<n>, python,executable=<path>, python,stub-timeout-seconds=<n>, python,execute-timeout-seconds=<n>, python,shm-default-byte-size=<n>, pytorch,python=<path>, fil,xgboost-library=<path>, fil,lightgbm-library=<path> or openvino,library=<path>"
                     )));
                 }
             }
@@ -522,6 +526,7 @@ impl Config {
             pytorch_python: pytorch_python.or_else(|| env("FERRY_PYTORCH_PYTHON").map(PathBuf::from)),
             xgboost_library: xgboost_library.or_else(|| env("FERRY_XGBOOST_LIBRARY").map(PathBuf::from)),
             lightgbm_library: lightgbm_library.or_else(|| env("FERRY_LIGHTGBM_LIBRARY").map(PathBuf::from)),
+            openvino_library: openvino_library.or_else(|| env("FERRY_OPENVINO_LIBRARY").map(PathBuf::from)),
             http_tls,
             grpc_tls,
             http_restricted: Restrictions::parse("http-restricted-api", "api", &a.http_restricted_api)

@@ -81,6 +81,14 @@ pub fn fill_with(
         }
     } else if matches!(cfg.platform.as_str(), "pytorch_libtorch" | "torch_aoti") || cfg.backend == "pytorch" {
         fill_pytorch(cfg)?;
+    } else if cfg.backend == "openvino" {
+        if cfg.default_model_filename.is_empty() {
+            cfg.default_model_filename = "model.xml".into();
+        }
+    } else if matches!(cfg.platform.as_str(), "tensorflow_savedmodel" | "tensorflow_graphdef")
+        || cfg.backend == "tensorflow"
+    {
+        fill_tensorflow(cfg)?;
     } else if cfg.backend == "fil" {
         // FIL's file name follows its model_type (xgboost.json, model.txt, ...).
         let model_type = crate::backend::fil_model_type::ModelType::of(cfg)?;
@@ -116,7 +124,7 @@ fn first_version_holds(dir: &Path, file: &str) -> bool {
 
 /// What ferry serves, for errors about what it does not.
 const SERVED: &str = "ferry serves backend \"onnxruntime\" (platform \"onnxruntime_onnx\"), backend \"python\", backend \
-                      \"pytorch\" (platforms \"pytorch_libtorch\" and \"torch_aoti\"), backend \"fil\" (XGBoost and LightGBM), its built-in processing backends \"ferry_image\", \"ferry_tokenizer\" and \"ferry_postprocess\", and \
+                      \"pytorch\" (platforms \"pytorch_libtorch\" and \"torch_aoti\"), backend \"fil\" (XGBoost and LightGBM), backend \"openvino\", backend \"tensorflow\" (platforms \"tensorflow_savedmodel\" and \"tensorflow_graphdef\", run by OpenVINO), its built-in processing backends \"ferry_image\", \"ferry_tokenizer\" and \"ferry_postprocess\", and \
                       platform \"ensemble\"";
 
 /// What to say of a platform or backend ferry does not serve (None: one it serves, or none named).
@@ -128,6 +136,8 @@ fn unsupported(platform: &str, backend: &str) -> Option<String> {
                 | "python"
                 | "pytorch"
                 | "fil"
+                | "openvino"
+                | "tensorflow"
                 | "identity"
                 | "ferry_image"
                 | "ferry_tokenizer"
@@ -137,18 +147,44 @@ fn unsupported(platform: &str, backend: &str) -> Option<String> {
     let named = |what: &str, name: &str| format!("{what} '{name}' is not served by ferry");
     let hint = |p: &str| match p {
         "tensorrt_plan" | "tensorrt" => " (run the ONNX model with ONNX Runtime's TensorRT execution provider instead)",
-        "tensorflow_savedmodel" | "tensorflow_graphdef" | "tensorflow" => " (convert the model to ONNX with tf2onnx)",
-        "openvino" => " (serve the ONNX model; ONNX Runtime has an OpenVINO execution provider)",
         _ => "",
     };
     let torch = matches!(platform, "pytorch_libtorch" | "torch_aoti");
-    if !platform.is_empty() && platform != "onnxruntime_onnx" && !torch && backend.is_empty() {
+    let tensorflow = matches!(platform, "tensorflow_savedmodel" | "tensorflow_graphdef");
+    if !platform.is_empty() && platform != "onnxruntime_onnx" && !torch && !tensorflow && backend.is_empty() {
         return Some(format!("{}{}", named("platform", platform), hint(platform)));
     }
     if !served(backend) {
         return Some(format!("{}{}", named("backend", backend), hint(backend)));
     }
     None
+}
+
+/// TensorFlow's pairs, as Triton's: platform `tensorflow_savedmodel` (a SavedModel folder,
+/// `model.savedmodel`) or `tensorflow_graphdef` (a frozen graph, `model.graphdef`), with backend
+/// `tensorflow` (run by OpenVINO's TensorFlow reader).
+fn fill_tensorflow(cfg: &mut ModelConfig) -> Result<(), String> {
+    if cfg.backend.is_empty() {
+        cfg.backend = "tensorflow".into();
+    }
+    if cfg.platform.is_empty() {
+        cfg.platform =
+            if cfg.default_model_filename.ends_with(".graphdef") || cfg.default_model_filename.ends_with(".pb") {
+                "tensorflow_graphdef"
+            } else {
+                "tensorflow_savedmodel"
+            }
+            .into();
+    }
+    if cfg.backend != "tensorflow" || !matches!(cfg.platform.as_str(), "tensorflow_savedmodel" | "tensorflow_graphdef")
+    {
+        return Err(format!("unexpected 'platform' and 'backend' pair, got:{}, {}", cfg.platform, cfg.backend));
+    }
+    if cfg.default_model_filename.is_empty() {
+        cfg.default_model_filename =
+            if cfg.platform == "tensorflow_graphdef" { "model.graphdef" } else { "model.savedmodel" }.into();
+    }
+    Ok(())
 }
 
 /// PyTorch's pairs, as Triton's: platform `pytorch_libtorch` (TorchScript, `model.pt`) or

@@ -40,9 +40,8 @@ fn unsupported_platforms_and_backends_are_named_with_a_way_forward() {
             "",
             "platform 'tensorrt_plan' is not served by ferry (run the ONNX model with ONNX Runtime's TensorRT",
         ),
-        ("tensorflow_savedmodel", "", "convert the model to ONNX with tf2onnx"),
-        ("", "tensorflow", "backend 'tensorflow' is not served by ferry (convert the model to ONNX"),
-        ("", "openvino", "backend 'openvino' is not served by ferry"),
+        ("caffe2_netdef", "", "platform 'caffe2_netdef' is not served by ferry"),
+        ("", "dali", "backend 'dali' is not served by ferry"),
     ] {
         let mut cfg = ModelConfig { platform: platform.into(), backend: backend.into(), ..Default::default() };
         let e = fill(&mut cfg, &root.path().join("m"), "m").unwrap_err();

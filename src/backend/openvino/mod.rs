@@ -1,0 +1,247 @@
+//! Models run by OpenVINO (`backend: "openvino"`): IR (`model.xml` + `model.bin`), ONNX and the
+//! other formats OpenVINO reads, and TensorFlow SavedModels and GraphDefs (`platform:
+//! "tensorflow_savedmodel"` / `"tensorflow_graphdef"`, which Triton no longer serves) through
+//! OpenVINO's TensorFlow reader. OpenVINO's C library is loaded at run time, found like ONNX
+//! Runtime (`backend::library`). Triton's parameters: `PERFORMANCE_HINT`, `NUM_STREAMS`,
+//! `INFERENCE_NUM_THREADS`, `COMPILATION_NUM_THREADS`, `HINT_BF16`, `TARGET_DEVICE`,
+//! `RESHAPE_IO_LAYERS`, `SKIP_OV_DYNAMIC_BATCHSIZE`, `ENABLE_BATCH_PADDING`. Unlike Triton's
+//! backend, a batching model takes any batch up to `max_batch_size`: its batch dimension is made
+//! variable at load (unless `SKIP_OV_DYNAMIC_BATCHSIZE`).
+use std::{
+    collections::HashMap,
+    path::{Path, PathBuf},
+    sync::{Arc, OnceLock},
+};
+
+use bytes::Bytes;
+
+use super::{Backend, BackendInput, Device, InstanceSpec, ModelInstance, ModelIo, TensorInfo, library};
+use crate::{
+    error::{Error, Result},
+    tensor::Tensor,
+};
+
+mod ffi;
+mod params;
+
+use ffi::{Core, Dimension, Port};
+use params::Params;
+
+/// OpenVINO's library and core, made once, at the first model needing them.
+struct Shared {
+    library: Option<PathBuf>,
+    core: OnceLock<std::result::Result<Arc<Core>, String>>,
+}
+
+impl Shared {
+    fn core(&self) -> Result<Arc<Core>> {
+        let core = self.core.get_or_init(|| {
+            let located = library::locate(&library::OPENVINO, self.library.as_deref())?;
+            let api = ffi::Api::load(&located.path)?;
+            tracing::info!(path = %located.path.display(), source = located.source, version = %api.version, "loading OpenVINO");
+            Core::new(Arc::new(api))
+        });
+        core.clone().map_err(Error::unavailable)
+    }
+}
+
+/// The backend, under the name it serves: `openvino`, or `tensorflow` for TensorFlow models.
+pub struct OpenVinoBackend {
+    name: &'static str,
+    shared: Arc<Shared>,
+}
+
+/// The OpenVINO backend and the TensorFlow one it also is, sharing one library and core.
+pub fn backends(library: Option<PathBuf>) -> [OpenVinoBackend; 2] {
+    let shared = Arc::new(Shared { library, core: OnceLock::new() });
+    [OpenVinoBackend { name: "openvino", shared: Arc::clone(&shared) }, OpenVinoBackend { name: "tensorflow", shared }]
+}
+
+fn info(port: &Port) -> TensorInfo {
+    TensorInfo { name: port.name.clone(), datatype: port.datatype, shape: port.dims.iter().map(|d| d.size()).collect() }
+}
+
+fn io_of(inputs: &[Port], outputs: &[Port]) -> ModelIo {
+    ModelIo { inputs: inputs.iter().map(info).collect(), outputs: outputs.iter().map(info).collect() }
+}
+
+impl Backend for OpenVinoBackend {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn model_io(&self, model_path: &Path) -> Result<ModelIo> {
+        let model = self.shared.core()?.read(model_path).map_err(Error::invalid)?;
+        let (inputs, outputs) = (model.inputs().map_err(Error::invalid)?, model.outputs().map_err(Error::invalid)?);
+        Ok(io_of(&inputs, &outputs))
+    }
+
+    fn load(&self, spec: &InstanceSpec<'_>) -> Result<Box<dyn ModelInstance>> {
+        let config = spec.config;
+        let named = |e: String| Error::invalid(format!("model '{}': {e}", config.name));
+        if let Device::Gpu(_) = spec.device {
+            return Err(Error::unsupported(format!(
+                "model '{}': OpenVINO does not run on NVIDIA GPUs; use instance_group kind KIND_CPU (TARGET_DEVICE \
+                 chooses an Intel GPU or NPU)",
+                config.name
+            )));
+        }
+        let params = Params::of(config).map_err(named)?;
+        let core = self.shared.core()?;
+        let mut model = core.read(spec.model_path).map_err(named)?;
+        let batching = config.max_batch_size > 0;
+        let inputs = model.inputs().map_err(named)?;
+        let reshapes = params.reshapes(config, &inputs).map_err(named)?;
+        model.reshape(&reshapes).map_err(|e| {
+            named(format!(
+                "{e}{}",
+                if params.reshape_io {
+                    ""
+                } else {
+                    " (set SKIP_OV_DYNAMIC_BATCHSIZE to keep the model's own batch size)"
+                }
+            ))
+        })?;
+        let inputs = model.inputs().map_err(named)?;
+        let outputs = model.outputs().map_err(named)?;
+        if let Some(p) = inputs.iter().chain(&outputs).find(|p| p.datatype.is_none()) {
+            return Err(named(format!(
+                "tensor '{}' has OpenVINO element type {}, which has no KServe datatype ferry serves",
+                p.name, p.element
+            )));
+        }
+        // A batch dimension the model keeps fixed: batches are padded to it, or must fill it.
+        let fixed_batch = batching
+            .then(|| inputs.iter().map(|p| p.dims.first().map(|d| d.size())).collect::<Option<Vec<i64>>>())
+            .flatten()
+            .and_then(|sizes| sizes.first().copied().filter(|&n| n > 0 && sizes.iter().all(|&s| s == n)));
+        if let Some(n) = fixed_batch
+            && i64::from(config.max_batch_size) > n
+        {
+            return Err(named(format!(
+                "max_batch_size {} is more than the model's fixed batch dimension ({n}) takes",
+                config.max_batch_size
+            )));
+        }
+        let properties = params.properties(spec.intra_op_threads);
+        if spec.index == 0 {
+            tracing::info!(model = %config.name, device = %params.device, ?properties, "compiling with OpenVINO");
+        }
+        let request = model.compile(&params.device, &properties).map_err(named)?.request().map_err(named)?;
+        let mut io = io_of(&inputs, &outputs);
+        if fixed_batch.is_some() {
+            // Batches of any size up to the fixed one reach it (padded, or refused if not full).
+            for t in io.inputs.iter_mut().chain(io.outputs.iter_mut()).filter(|t| !t.shape.is_empty()) {
+                t.shape[0] = -1;
+            }
+        }
+        Ok(Box::new(OpenVinoInstance {
+            io,
+            input_index: inputs.iter().enumerate().map(|(i, p)| (p.name.clone(), i)).collect(),
+            output_index: outputs.iter().enumerate().map(|(i, p)| (p.name.clone(), i)).collect(),
+            request,
+            fixed_batch,
+            padding: params.batch_padding,
+            batching,
+            scratch: Vec::new(),
+        }))
+    }
+}
+
+struct OpenVinoInstance {
+    request: ffi::Request,
+    io: ModelIo,
+    input_index: HashMap<String, usize>,
+    output_index: HashMap<String, usize>,
+    fixed_batch: Option<i64>,
+    padding: bool,
+    batching: bool,
+    /// Copies of inputs whose bytes are not aligned for their type, or padded to the batch.
+    scratch: Vec<Vec<u64>>,
+}
+
+impl ModelInstance for OpenVinoInstance {
+    fn model_io(&self) -> Option<ModelIo> {
+        Some(self.io.clone())
+    }
+
+    fn runs_anywhere(&self) -> bool {
+        true
+    }
+
+    fn execute(&mut self, inputs: &[BackendInput<'_>], outputs: &[&str]) -> Result<Vec<Tensor>> {
+        let rows = if self.batching { inputs.first().and_then(|i| i.shape.first().copied()).unwrap_or(0) } else { 0 };
+        let pad_to = match self.fixed_batch {
+            Some(n) if rows != n && self.padding && rows < n => Some(n),
+            Some(n) if rows != n => {
+                return Err(Error::invalid(format!(
+                    "expected requests with batch size '{n}', got '{rows}'... this error can be avoided by setting \
+                     'ENABLE_BATCH_PADDING' parameter in model configuration to 'YES' at a performance cost."
+                )));
+            }
+            _ => None,
+        };
+        let mut set = vec![false; self.input_index.len()];
+        self.scratch.resize_with(inputs.len(), Vec::new);
+        // The bytes OpenVINO reads: the request's own, or a copy (aligned, or padded).
+        let mut shapes: Vec<Vec<i64>> = Vec::with_capacity(inputs.len());
+        for (k, input) in inputs.iter().enumerate() {
+            let index = *self.input_index.get(input.name).ok_or_else(|| {
+                Error::invalid(format!("unexpected inference input '{}' for the OpenVINO model", input.name))
+            })?;
+            set[index] = true;
+            let mut shape = input.shape.to_vec();
+            let element = input.datatype.size().unwrap_or(1);
+            let misaligned = input.data.as_ptr().align_offset(element) != 0;
+            if let Some(n) = pad_to {
+                shape[0] = n;
+            }
+            if misaligned || pad_to.is_some() {
+                let want: usize = shape.iter().map(|&d| d.max(0) as usize).product::<usize>() * element;
+                let buffer = &mut self.scratch[k];
+                buffer.clear();
+                buffer.resize(want.div_ceil(8), 0);
+                let bytes: &mut [u8] = bytemuck::cast_slice_mut(buffer.as_mut_slice());
+                bytes[..input.data.len()].copy_from_slice(input.data);
+            }
+            shapes.push(shape);
+        }
+        for (k, input) in inputs.iter().enumerate() {
+            let index = self.input_index[input.name];
+            let copied = pad_to.is_some() || input.data.as_ptr().align_offset(input.datatype.size().unwrap_or(1)) != 0;
+            let data: &[u8] = if copied { bytemuck::cast_slice(self.scratch[k].as_slice()) } else { input.data };
+            self.request.set_input(index, input.datatype, &shapes[k], data).map_err(Error::invalid)?;
+        }
+        if let Some(missing) = self.io.inputs.iter().zip(&set).find(|(_, s)| !**s).map(|(t, _)| &t.name) {
+            return Err(Error::invalid(format!("the OpenVINO model needs input '{missing}', which the batch lacks")));
+        }
+        // A shape the model cannot take is the request's error (OpenVINO checks it).
+        self.request.infer().map_err(Error::invalid)?;
+        outputs
+            .iter()
+            .map(|name| {
+                let index = *self
+                    .output_index
+                    .get(*name)
+                    .ok_or_else(|| Error::invalid(format!("the OpenVINO model has no output '{name}'")))?;
+                let out = self.request.output(index).map_err(Error::internal)?;
+                let datatype = out.datatype.ok_or_else(|| {
+                    Error::internal(format!("OpenVINO output '{name}' has a type the protocol lacks"))
+                })?;
+                let (mut shape, mut data) = (out.shape, out.data);
+                if pad_to.is_some() && !shape.is_empty() && shape[0] > rows {
+                    // The padding rows are dropped.
+                    let per_row = data.len() / shape[0].max(1) as usize;
+                    data.truncate(per_row * rows as usize);
+                    shape[0] = rows;
+                }
+                Ok(Tensor { name: (*name).to_string(), datatype, shape, data: Bytes::from(data) })
+            })
+            .collect()
+    }
+}
+
+/// Row-major dims of a config tensor as OpenVINO dimensions (-1: variable).
+fn dimensions(dims: &[i64]) -> Vec<Dimension> {
+    dims.iter().map(|&d| if d < 0 { Dimension::DYNAMIC } else { Dimension::fixed(d) }).collect()
+}
