@@ -11,6 +11,9 @@ source scripts/chromium.sh
 # PyTorch from PyPI for the PyTorch backend's tests (about 4 GB, cached outside the checkout);
 # FERRY_SKIP_TORCH=1 leaves it out (those tests then skip).
 if [ "${FERRY_SKIP_TORCH:-}" != 1 ]; then source scripts/torch.sh; fi
+# TensorFlow (CPU) from PyPI, which the TensorFlow tests save their models with (about 270 MB,
+# cached outside the checkout); FERRY_SKIP_TF=1 leaves it out (those tests then skip).
+if [ "${FERRY_SKIP_TF:-}" != 1 ]; then source scripts/tensorflow.sh; fi
 cargo fmt --all -- --check
 cargo clippy --all-targets --locked -- -D warnings
 cargo test --locked

@@ -16,7 +16,7 @@
 //!   loaded version), `cache`, `repository`, the backend contract (`backend`), `metrics`,
 //!   `telemetry`, `shm`, `gpu`.
 //! - **adapters**, the only modules that name a wire format or a framework: `frontend`, and the
-//!   backends `backend::{onnx, python, pytorch, native, identity, accelerators, library, fil}`.
+//!   backends `backend::{onnx, python, pytorch, native, identity, accelerators, library, fil, openvino}`.
 //! - **wiring**: `config` (flags and environment, read once), `server` (everything built and
 //!   started), `tune`.
 pub mod admission;

@@ -57,7 +57,7 @@ pub struct Api {
     model_outputs: unsafe extern "C" fn(Handle, *mut usize) -> c_int,
     model_input: unsafe extern "C" fn(Handle, usize, *mut Handle) -> c_int,
     model_output: unsafe extern "C" fn(Handle, usize, *mut Handle) -> c_int,
-    reshape: unsafe extern "C" fn(Handle, *const *const c_char, *const PartialShape, usize) -> c_int,
+    reshape: unsafe extern "C" fn(Handle, *const usize, *const PartialShape, usize) -> c_int,
     port_name: unsafe extern "C" fn(Handle, *mut *mut c_char) -> c_int,
     port_type: unsafe extern "C" fn(Handle, *mut c_int) -> c_int,
     port_shape: unsafe extern "C" fn(Handle, *mut PartialShape) -> c_int,
@@ -153,7 +153,7 @@ impl Api {
             model_outputs: entry!(lib, "ov_model_outputs_size"),
             model_input: entry!(lib, "ov_model_const_input_by_index"),
             model_output: entry!(lib, "ov_model_const_output_by_index"),
-            reshape: entry!(lib, "ov_model_reshape"),
+            reshape: entry!(lib, "ov_model_reshape_by_port_indexes"),
             port_name: entry!(lib, "ov_port_get_any_name"),
             port_type: entry!(lib, "ov_port_get_element_type"),
             port_shape: entry!(lib, "ov_port_get_partial_shape"),
@@ -352,25 +352,21 @@ impl Model {
         self.ports(true)
     }
 
-    /// Gives the named inputs new shapes (the others keep theirs).
-    pub fn reshape(&mut self, shapes: &[(String, Vec<Dimension>)]) -> Result<(), String> {
+    /// Gives the inputs at these indexes new shapes (the others keep theirs).
+    pub fn reshape(&mut self, shapes: &[(usize, Vec<Dimension>)]) -> Result<(), String> {
         if shapes.is_empty() {
             return Ok(());
         }
-        let names: Vec<CString> = shapes
-            .iter()
-            .map(|(n, _)| CString::new(n.as_str()).map_err(|_| format!("'{n}' has a NUL")))
-            .collect::<Result<_, _>>()?;
+        let indexes: Vec<usize> = shapes.iter().map(|(i, _)| *i).collect();
         let mut dims: Vec<Vec<Dimension>> = shapes.iter().map(|(_, d)| d.clone()).collect();
         let partial: Vec<PartialShape> = dims
             .iter_mut()
             .map(|d| PartialShape { rank: Dimension::fixed(d.len() as i64), dims: d.as_mut_ptr() })
             .collect();
-        let pointers: Vec<*const c_char> = names.iter().map(|n| n.as_ptr()).collect();
         let api = &self.core.api;
-        // SAFETY: the names and shapes outlive the call, which copies them.
+        // SAFETY: the indexes and shapes outlive the call, which copies them.
         api.guarded("reshaping the model", || unsafe {
-            (api.reshape)(self.handle, pointers.as_ptr(), partial.as_ptr(), shapes.len())
+            (api.reshape)(self.handle, indexes.as_ptr(), partial.as_ptr(), shapes.len())
         })
     }
 

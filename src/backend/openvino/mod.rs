@@ -65,6 +65,22 @@ fn io_of(inputs: &[Port], outputs: &[Port]) -> ModelIo {
     ModelIo { inputs: inputs.iter().map(info).collect(), outputs: outputs.iter().map(info).collect() }
 }
 
+impl OpenVinoBackend {
+    /// The model's inputs and outputs, named as the config names them: a TensorFlow GraphDef's
+    /// tensors (`features:0`) by their node's name (`features`), as Triton's TensorFlow backend.
+    fn ports(&self, model: &ffi::Model) -> std::result::Result<(Vec<Port>, Vec<Port>), String> {
+        let (mut inputs, mut outputs) = (model.inputs()?, model.outputs()?);
+        if self.name == "tensorflow" {
+            for p in inputs.iter_mut().chain(outputs.iter_mut()) {
+                if let Some(stem) = p.name.strip_suffix(":0") {
+                    p.name = stem.to_string();
+                }
+            }
+        }
+        Ok((inputs, outputs))
+    }
+}
+
 impl Backend for OpenVinoBackend {
     fn name(&self) -> &'static str {
         self.name
@@ -72,7 +88,7 @@ impl Backend for OpenVinoBackend {
 
     fn model_io(&self, model_path: &Path) -> Result<ModelIo> {
         let model = self.shared.core()?.read(model_path).map_err(Error::invalid)?;
-        let (inputs, outputs) = (model.inputs().map_err(Error::invalid)?, model.outputs().map_err(Error::invalid)?);
+        let (inputs, outputs) = self.ports(&model).map_err(Error::invalid)?;
         Ok(io_of(&inputs, &outputs))
     }
 
@@ -86,11 +102,24 @@ impl Backend for OpenVinoBackend {
                 config.name
             )));
         }
-        let params = Params::of(config).map_err(named)?;
+        let mut params = Params::of(config).map_err(named)?;
+        if self.name == "tensorflow" {
+            // TensorFlow computes in FP32; so do its models here unless the config says otherwise.
+            params.default_precision("f32");
+            if let Some(s) = config.parameters.get("TF_SIGNATURE_DEF").map(|p| p.string_value.trim())
+                && !s.is_empty()
+                && s != "serving_default"
+            {
+                return Err(named(format!(
+                    "parameter TF_SIGNATURE_DEF is '{s}': ferry serves a SavedModel's serving_default signature; \
+                     save the model with the signature you serve as serving_default"
+                )));
+            }
+        }
         let core = self.shared.core()?;
         let mut model = core.read(spec.model_path).map_err(named)?;
         let batching = config.max_batch_size > 0;
-        let inputs = model.inputs().map_err(named)?;
+        let (inputs, _) = self.ports(&model).map_err(named)?;
         let reshapes = params.reshapes(config, &inputs).map_err(named)?;
         model.reshape(&reshapes).map_err(|e| {
             named(format!(
@@ -102,8 +131,7 @@ impl Backend for OpenVinoBackend {
                 }
             ))
         })?;
-        let inputs = model.inputs().map_err(named)?;
-        let outputs = model.outputs().map_err(named)?;
+        let (inputs, outputs) = self.ports(&model).map_err(named)?;
         if let Some(p) = inputs.iter().chain(&outputs).find(|p| p.datatype.is_none()) {
             return Err(named(format!(
                 "tensor '{}' has OpenVINO element type {}, which has no KServe datatype ferry serves",

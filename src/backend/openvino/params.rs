@@ -69,14 +69,19 @@ impl Params {
         })
     }
 
-    /// The inputs to reshape: to the config's dims with `RESHAPE_IO_LAYERS`, else (batching) the
+    /// The precision when the config names none (None: OpenVINO's own default).
+    pub fn default_precision(&mut self, precision: &str) {
+        self.precision.get_or_insert_with(|| precision.to_string());
+    }
+
+    /// The inputs to reshape (by index): to the config's dims with `RESHAPE_IO_LAYERS`, else (batching) the
     /// batch dimension made variable, unless `SKIP_OV_DYNAMIC_BATCHSIZE`.
-    pub fn reshapes(&self, config: &ModelConfig, inputs: &[Port]) -> Result<Vec<(String, Vec<Dimension>)>, String> {
+    pub fn reshapes(&self, config: &ModelConfig, inputs: &[Port]) -> Result<Vec<(usize, Vec<Dimension>)>, String> {
         let batching = config.max_batch_size > 0;
         let mut out = Vec::new();
         if self.reshape_io {
             for i in &config.input {
-                let port = inputs.iter().find(|p| p.name == i.name).ok_or_else(|| {
+                let (index, port) = inputs.iter().enumerate().find(|(_, p)| p.name == i.name).ok_or_else(|| {
                     let have: Vec<&str> = inputs.iter().map(|p| p.name.as_str()).collect();
                     format!(
                         "configuration input '{}' is not an input of the model (its inputs: {})",
@@ -97,13 +102,14 @@ impl Params {
                     };
                     shape.insert(0, batch);
                 }
-                out.push((i.name.clone(), shape));
+                out.push((index, shape));
             }
         } else if batching && !self.skip_dynamic_batch {
-            for p in inputs.iter().filter(|p| p.dims.first().is_some_and(|d| d.size() != -1)) {
+            for (index, p) in inputs.iter().enumerate().filter(|(_, p)| p.dims.first().is_some_and(|d| d.size() != -1))
+            {
                 let mut shape = p.dims.clone();
                 shape[0] = Dimension::DYNAMIC;
-                out.push((p.name.clone(), shape));
+                out.push((index, shape));
             }
         }
         Ok(out)
@@ -154,6 +160,7 @@ mod tests {
         let p = Params::of(&c).unwrap();
         let r = p.reshapes(&c, &[port(&[1, 3, 5]), port(&[-1, 3, 5])]).unwrap();
         assert_eq!(r.len(), 1);
+        assert_eq!(r[0].0, 0);
         assert_eq!(r[0].1, vec![Dimension::DYNAMIC, Dimension::fixed(3), Dimension::fixed(5)]);
         let skip = config(&[("SKIP_OV_DYNAMIC_BATCHSIZE", "yes")], 8);
         assert!(Params::of(&skip).unwrap().reshapes(&skip, &[port(&[1, 3, 5])]).unwrap().is_empty());

@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""OpenVINO beside ONNX Runtime in ferry on the same models (after `source bench/tools.sh` and a
+release build), in the test venv (which has openvino):
+
+    source scripts/venv.sh && source bench/tools.sh && python bench/openvino.py
+
+The reference cnn_small (ResNet-18 topology, FP32 [3,224,224]) and mlp_small of
+../shared/bench/make_models.py, one CPU instance each with the reference's dynamic batching,
+served three ways from the same ONNX file: ONNX Runtime (`onnxruntime_onnx`, 2 intra-op threads),
+OpenVINO in FP32 (`INFERENCE_PRECISION_HINT: f32`), and OpenVINO at its default precision (bf16
+on CPUs that have it). perf_analyzer over gRPC at c1 and c16, batch 1 per request. Writes the
+section "OpenVINO beside ONNX Runtime" of bench/RESULTS.md.
+"""
+import datetime
+import os
+import sys
+
+import numpy as np
+import openvino
+
+BENCH = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, BENCH)
+sys.path.insert(0, os.path.join(BENCH, "..", "..", "shared", "bench"))
+import make_models  # noqa: E402
+import run  # noqa: E402
+
+WORK = os.path.join(BENCH, ".work", "openvino")
+INTERVAL_MS = int(os.environ.get("BENCH_INTERVAL_MS", "5000"))
+
+
+def build():
+    repo = os.path.join(WORK, "repo")
+    names = []
+    for base, maker in (("cnn_small", lambda p: make_models.make_cnn(p, np.random.default_rng(make_models.SEED + 2))),
+                        ("mlp_small", lambda p: make_models.make_mlp(p, np.random.default_rng(make_models.SEED + 1)))):
+        onnx_config = make_models.config_pbtxt(base, "onnx", 2)
+        for flavor, precision in (("ort", None), ("ov_f32", "f32"), ("ov_default", "")):
+            name = f"{base}_{flavor}"
+            names.append(name)
+            path = os.path.join(repo, name, "1", "model.onnx")
+            if not os.path.exists(path):
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                maker(path)
+            text = onnx_config.replace(f'name: "{base}"', f'name: "{name}"')
+            if precision is not None:
+                text = text.replace('platform: "onnxruntime_onnx"', 'backend: "openvino"\ndefault_model_filename: "model.onnx"')
+                text = "\n".join(line for line in text.splitlines() if "op_thread_count" not in line) + "\n"
+                text += 'parameters { key: "INFERENCE_NUM_THREADS" value: { string_value: "2" } }\n'
+                if precision:
+                    text += f'parameters {{ key: "INFERENCE_PRECISION_HINT" value: {{ string_value: "{precision}" }} }}\n'
+            with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
+                f.write(text)
+    return repo, names
+
+
+def main():
+    repo, names = build()
+    http_port, grpc_port = run.free_port(), run.free_port()
+    os.makedirs(run.WORK, exist_ok=True)
+    proc = run.start_server(repo, http_port, grpc_port, [])
+    base, rows = f"http://127.0.0.1:{http_port}", []
+    try:
+        for name in names:
+            data = run.input_data(base, name)
+            for c in (1, 16):
+                before = run.stats(base, name)
+                r = run.perf(name, f"127.0.0.1:{grpc_port}", "grpc", c, data, INTERVAL_MS)
+                after = run.stats(base, name)
+                rows.append((name, c, r, (after[0] - before[0]) / max(after[1] - before[1], 1)))
+    finally:
+        proc.terminate()
+        proc.wait()
+    flags = open("/proc/cpuinfo").read()
+    bf16 = "amx_bf16" in flags or "avx512_bf16" in flags
+    lines = [
+        f"Commit `{run.commit_label()}`, {datetime.date.today()}, {os.cpu_count()} cores "
+        f"({'with' if bf16 else 'without'} bfloat16 units), release build, OpenVINO {openvino.__version__.split('-')[0]} "
+        f"(PyPI) and ONNX Runtime (the test venv's), the same ONNX file each, one CPU instance, 2 threads, "
+        f"perf_analyzer over gRPC, batch 1 per request, the reference's dynamic batching.",
+        "",
+        "| model | runtime | c | infer/s | p50 ms | p99 ms | batch formed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    label = {"ort": "ONNX Runtime", "ov_f32": "OpenVINO f32", "ov_default": "OpenVINO default (bf16)" if bf16 else "OpenVINO default"}
+    for name, c, r, batch in rows:
+        model, flavor = name.split("_small_")
+        lines.append(f"| {model}_small | {label[flavor]} | {c} | {r['throughput']:.0f} | {r['p50']:.2f} | "
+                     f"{r['p99']:.2f} | {batch:.1f} |")
+    tp = {(n, c): r["throughput"] for n, c, r, _ in rows}
+    lines.append("")
+    for model in ("cnn_small", "mlp_small"):
+        for c in (1, 16):
+            ort = tp[(f"{model}_ort", c)]
+            lines.append(f"- {model} c{c}: OpenVINO f32 {tp[(f'{model}_ov_f32', c)] / ort:.2f}x ONNX Runtime, "
+                         f"OpenVINO default {tp[(f'{model}_ov_default', c)] / ort:.2f}x.")
+    run.replace_section(os.path.join(BENCH, "RESULTS.md"), "OpenVINO beside ONNX Runtime", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
