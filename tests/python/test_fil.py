@@ -153,12 +153,89 @@ ensemble_scheduling {{ step [
         write(repo, name, {"xgboost.json": json.dumps(doc).encode()}, {"model_type": "xgboost_json"}, io=False)
     text = lmulti.model_to_string().replace("num_class=4", "num_class=1000000000", 1)
     write(repo, "lgb_many_classes", {"model.txt": text.encode()}, {"model_type": "lightgbm"}, io=False)
+    hostile(repo, binary, lmulti, lbin)
     write(repo, "treelite", {"checkpoint.tl": b"\0" * 64}, {"model_type": "treelite_checkpoint"})
     write(repo, "bad_type", {"xgboost.json": saved(binary, "json")}, {"model_type": "catboost"})
     write(repo, "wrong_width", {"xgboost.json": saved(multi, "json")}, {"model_type": "xgboost_json"}, width=2)
     write(repo, "shap", {"xgboost.json": saved(binary, "json")}, {"model_type": "xgboost_json"},
           extra=f'output [{{ name: "treeshap_output" data_type: TYPE_FP32 dims: [ {FEATURES + 1} ] }}]\n')
     return repo, expected
+
+
+def hostile(repo, binary, lmulti, lbin):
+    """Model files that crash or hang the frameworks' own readers, each a model of its own."""
+    import json
+    doc = json.loads(saved(binary, "json"))
+
+    def xgb_edit(name, edit):
+        d = json.loads(json.dumps(doc))
+        edit(d["learner"]["gradient_booster"]["model"])
+        write(repo, name, {"xgboost.json": json.dumps(d).encode()}, {"model_type": "xgboost_json"}, io=False)
+
+    def tree0(key, index, value):
+        return lambda m: m["trees"][0][key].__setitem__(index, value)
+
+    xgb_edit("x_cycle", tree0("left_children", 0, 0))
+    xgb_edit("x_child_far", tree0("left_children", 0, 100000000))
+    xgb_edit("x_feature_far", tree0("split_indices", 0, 900000))
+    xgb_edit("x_tree_info", lambda m: m.__setitem__("tree_info", [7] * len(m["tree_info"])))
+    write(repo, "x_empty", {"xgboost.json": b""}, {"model_type": "xgboost_json"}, io=False)
+    write(repo, "x_legacy", {"xgboost.model": b"\x00\x00\x00?binf\x01\x02"}, {}, io=False)
+    text = lbin.model_to_string()
+    tree = text[text.index("Tree=0"):]
+    feature_line = next(line for line in tree.splitlines() if line.startswith("split_feature="))
+    child_line = next(line for line in tree.splitlines() if line.startswith("left_child="))
+    no_sizes = "\n".join(line for line in text.splitlines() if not line.startswith("tree_sizes=")) + "\n"
+    for name, model in {
+        "l_half": text[:len(text) // 2],
+        "l_feature_far": text.replace(feature_line, "split_feature=2000000000" + feature_line[feature_line.index(" "):], 1),
+        "l_child_far": no_sizes.replace(child_line, "left_child=100000000" + child_line[child_line.index(" "):], 1),
+        "l_cycle": no_sizes.replace(child_line, "left_child=0" + child_line[child_line.index(" "):], 1),
+        "l_per_iteration": text.replace("num_tree_per_iteration=1", "num_tree_per_iteration=0", 1),
+        "l_classes": lmulti.model_to_string().replace("num_class=4", "num_class=2", 1),
+    }.items():
+        write(repo, name, {"model.txt": model.encode()}, {"model_type": "lightgbm"}, io=False)
+    # Not regular files: a pipe would block the read forever, a device never ends.
+    for name, target in (("x_fifo", None), ("x_zero", "/dev/zero")):
+        write(repo, name, {}, {"model_type": "xgboost_json"}, io=False)
+        path = os.path.join(repo, name, "1", "xgboost.json")
+        os.mkfifo(path) if target is None else os.symlink(target, path)
+    reg = xgb_model("reg:squarederror", REG_Y)
+    write(repo, "x_proba_regression", {"xgboost.json": saved(reg, "json")},
+          {"model_type": "xgboost_json", "predict_proba": "true"}, io=False)
+    # Many classes and few features: a small request asks for a large output.
+    wide = lgb.train({"objective": "multiclass", "num_class": 200, "num_leaves": 4, "verbose": -1, "min_data_in_leaf": 1},
+                     lgb.Dataset(TRAIN[:, :1], label=np.arange(500) % 200), num_boost_round=1)
+    write(repo, "l_wide", {"model.txt": wide.model_to_string().encode()}, {"model_type": "lightgbm"}, io=False,
+          max_batch_size=0, extra='input [{ name: "input__0" data_type: TYPE_FP32 dims: [ -1, 1 ] }]\n')
+
+
+HOSTILE = {
+    "x_cycle": "node 0 has children 0", "x_child_far": "children 100000000", "x_feature_far": "feature 900000",
+    "x_tree_info": "tree_info names output 7", "x_empty": "is empty", "x_legacy": "old binary format",
+    "l_half": "LightGBM loading", "l_feature_far": "feature 2000000000", "l_child_far": "node 100000000",
+    "l_cycle": "twice", "l_per_iteration": "num_tree_per_iteration 0", "l_classes": "num_class is 2 and num_tree_per_iteration 4",
+    "x_fifo": "not a regular file", "x_zero": "not a regular file",
+    "x_proba_regression": "predict_proba needs a classifier",
+}
+
+
+def test_hostile_model_files_fail_their_load_and_nothing_else(server):
+    c = httpclient.InferenceServerClient(server.url)
+    index = {m["name"]: m for m in c.get_model_repository_index()}
+    for name, want in HOSTILE.items():
+        assert index[name]["state"] == "UNAVAILABLE", (name, index[name])
+        assert want in index[name]["reason"], (name, index[name]["reason"])
+    for model in SERVED:
+        assert c.is_model_ready(model), model
+
+
+def test_an_output_too_large_is_refused(server):
+    c = httpclient.InferenceServerClient(server.url)
+    assert c.is_model_ready("l_wide")
+    with pytest.raises(InferenceServerException, match=r"\[400\].*would give 200000000 output values"):
+        http_infer(server, "l_wide", np.zeros((1_000_000, 1), dtype=np.float32))
+    assert http_infer(server, "l_wide", np.zeros((3, 1), dtype=np.float32)).shape == (3, 200)
 
 
 @pytest.fixture(scope="module")
@@ -269,16 +346,16 @@ def test_failures_stay_with_their_model(server):
     for name, reason in reasons.items():
         assert index[name]["state"] == "UNAVAILABLE", (name, index[name])
         assert f"'{name}'" in reason or name in reason, (name, reason)
-    assert "XGBoost loading" in reasons["corrupt"], reasons["corrupt"]
-    assert "LightGBM loading" in reasons["lgb_corrupt"], reasons["lgb_corrupt"]
+    assert "not an XGBoost JSON model" in reasons["corrupt"], reasons["corrupt"]
+    assert "num_class is not an integer" in reasons["lgb_corrupt"], reasons["lgb_corrupt"]
     assert "treelite_checkpoint is not served" in reasons["treelite"]
     assert "model_type is 'catboost'" in reasons["bad_type"]
     assert "output__0" in reasons["wrong_width"] and "3" in reasons["wrong_width"], reasons["wrong_width"]
     assert "treeshap_output" in reasons["shap"]
     assert "4000000000 features; ferry takes tree models of up to" in reasons["many_features"], reasons
     # XGBoost checks the class count against the model itself; its message, without a stack trace.
-    assert "n_classes`: 1000000000" in reasons["many_classes"] and "Stack trace" not in reasons["many_classes"]
-    assert "1000000000 classes; ferry takes tree models of 1 to 16384" in reasons["lgb_many_classes"], reasons
+    assert "1000000000 classes and 1 targets; ferry takes tree models of up to 16384" in reasons["many_classes"]
+    assert "num_class is 1000000000 and num_tree_per_iteration 4" in reasons["lgb_many_classes"], reasons
     for model in SERVED:
         assert c.is_model_ready(model), model
 

@@ -116,6 +116,12 @@ output [{ name: "LOGITS" data_type: TYPE_FP32 dims: [ 5 ] }]''', [("RESHAPE_IO_L
     put("too_big", config("too_big", f"max_batch_size: 8\n{CNN_IO}", [("SKIP_OV_DYNAMIC_BATCHSIZE", "YES")]),
         {"model.xml": os.path.join(src, "cnn4.onnx")})
     put("no_file", config("no_file", "max_batch_size: 0"), {})
+    # A pipe would block OpenVINO's read forever: the model, and an IR's weights.
+    put("fifo_xml", config("fifo_xml", "max_batch_size: 0"), {})
+    os.mkfifo(repo / "fifo_xml" / "1" / "model.xml")
+    put("fifo_bin", config("fifo_bin", f"max_batch_size: 8\n{CNN_IO}"), {"model.xml": os.path.join(src, "cnn1.onnx")})
+    os.remove(repo / "fifo_bin" / "1" / "model.bin")
+    os.mkfifo(repo / "fifo_bin" / "1" / "model.bin")
     (repo / "both").mkdir()
     (repo / "both" / "1").mkdir()
     (repo / "both" / "config.pbtxt").write_text('''platform: "ensemble"
@@ -265,6 +271,8 @@ def test_bad_inputs_are_400_and_the_server_keeps_serving(server):
 def test_failures_stay_with_their_model(server):
     c = httpclient.InferenceServerClient(server.url)
     index = {m["name"]: m for m in c.get_model_repository_index()}
+    for name in ["fifo_xml", "fifo_bin"]:
+        assert index[name]["state"] == "UNAVAILABLE" and "is not a regular file" in index[name]["reason"], index[name]
     for name in ["corrupt", "bad_streams", "too_big", "no_file"]:
         assert index[name]["state"] == "UNAVAILABLE", (name, index[name])
     assert "OpenVINO reading" in index["corrupt"]["reason"], index["corrupt"]

@@ -16,7 +16,7 @@ const PREDICT_NORMAL: c_int = 0;
 
 pub struct Api {
     last_error: unsafe extern "C" fn() -> *const c_char,
-    from_file: unsafe extern "C" fn(*const c_char, *mut c_int, *mut Handle) -> c_int,
+    from_string: unsafe extern "C" fn(*const c_char, *mut c_int, *mut Handle) -> c_int,
     free: unsafe extern "C" fn(Handle) -> c_int,
     num_classes: unsafe extern "C" fn(Handle, *mut c_int) -> c_int,
     num_feature: unsafe extern "C" fn(Handle, *mut c_int) -> c_int,
@@ -58,7 +58,7 @@ impl Api {
             .map_err(|e| format!("cannot load LightGBM from '{}': {e}", path.display()))?;
         Ok(Api {
             last_error: entry!(lib, "LGBM_GetLastError"),
-            from_file: entry!(lib, "LGBM_BoosterCreateFromModelfile"),
+            from_string: entry!(lib, "LGBM_BoosterLoadModelFromString"),
             free: entry!(lib, "LGBM_BoosterFree"),
             num_classes: entry!(lib, "LGBM_BoosterGetNumClasses"),
             num_feature: entry!(lib, "LGBM_BoosterGetNumFeature"),
@@ -79,7 +79,7 @@ impl Api {
             let p = (self.last_error)();
             if p.is_null() { String::new() } else { CStr::from_ptr(p).to_string_lossy().into_owned() }
         };
-        Err(format!("LightGBM {what} failed: {}", msg.trim()))
+        Err(format!("LightGBM {what} failed: {}", tidy(&msg)))
     }
 }
 
@@ -92,6 +92,7 @@ pub struct Booster {
     width: usize,
     parameters: CString,
     scores: Vec<f64>,
+    probabilities: bool,
 }
 
 // SAFETY: a booster is used by one thread at a time (`&mut self`).
@@ -110,16 +111,30 @@ impl Drop for Booster {
 }
 
 impl Booster {
-    pub fn load(api: Arc<Api>, path: &Path, threads: usize) -> Result<Booster, String> {
-        let file = CString::new(path.as_os_str().as_encoded_bytes())
-            .map_err(|_| format!("'{}' has a NUL in its path", path.display()))?;
+    /// Loads a checked model (`info`, read from `path`) with `threads` threads.
+    pub fn load(api: Arc<Api>, info: &super::check::LgbInfo, path: &Path, threads: usize) -> Result<Booster, String> {
+        let text = CString::new(info.text.as_str()).map_err(|_| "the model holds a NUL byte".to_string())?;
         let (mut iterations, mut handle) = (0 as c_int, std::ptr::null_mut());
-        // SAFETY: `file` outlives the call; the outputs receive the count and the booster.
-        let rc = unsafe { (api.from_file)(file.as_ptr(), &mut iterations, &mut handle) };
+        // SAFETY: `text` outlives the call, which copies what it keeps; the outputs receive the
+        // count and the booster.
+        let rc = unsafe { (api.from_string)(text.as_ptr(), &mut iterations, &mut handle) };
         api.check(rc, &format!("loading '{}'", path.display()))?;
+        drop(text);
         let parameters = CString::new(format!("num_threads={}", threads.max(1))).expect("no NUL");
-        let mut b =
-            Booster { api, handle, row: std::ptr::null_mut(), features: 0, width: 1, parameters, scores: Vec::new() };
+        let probabilities = matches!(
+            info.objective.as_str(),
+            "binary" | "multiclass" | "multiclassova" | "cross_entropy" | "xentropy" | "softmax" | "ova"
+        );
+        let mut b = Booster {
+            api,
+            handle,
+            row: std::ptr::null_mut(),
+            features: 0,
+            width: 1,
+            parameters,
+            scores: Vec::new(),
+            probabilities,
+        };
         let api = Arc::clone(&b.api);
         let (mut classes, mut features) = (0 as c_int, 0 as c_int);
         // SAFETY: the outputs receive the counts.
@@ -153,6 +168,10 @@ impl Forest for Booster {
 
     fn gives_classes(&self) -> bool {
         false
+    }
+
+    fn gives_probabilities(&self) -> bool {
+        self.probabilities
     }
 
     fn predict(&mut self, data: &[f32], rows: usize, out: &mut Vec<f32>) -> Result<(), String> {
@@ -190,5 +209,24 @@ impl Forest for Booster {
         out.clear();
         out.extend(self.scores.iter().map(|&v| v as f32));
         Ok(())
+    }
+}
+
+/// LightGBM's message without the source location it appends (" at /path/file.h, line 12 .").
+fn tidy(msg: &str) -> &str {
+    let msg = msg.trim();
+    match msg.rfind(" at /") {
+        Some(at) if msg[at..].contains(", line ") => msg[..at].trim_end(),
+        _ => msg,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn messages_lose_their_source_location() {
+        let raw = "Check failed: (strs.size()) == (n) at /__w/LightGBM/include/LightGBM/utils/common.h, line 1173 .";
+        assert_eq!(super::tidy(raw), "Check failed: (strs.size()) == (n)");
+        assert_eq!(super::tidy("plain"), "plain");
     }
 }

@@ -1,5 +1,5 @@
-//! Tree models as Triton's FIL backend takes them (`backend: "fil"`): XGBoost (JSON, UBJSON and
-//! the legacy binary format) and LightGBM (text) forests, run by the framework's own predictor
+//! Tree models as Triton's FIL backend takes them (`backend: "fil"`): XGBoost (JSON, UBJSON) and
+//! LightGBM (text) forests, checked by ferry (`check`), then run by the framework's own predictor
 //! through its C API, loaded at run time like ONNX Runtime (`backend::library`), so the outputs
 //! are the framework's own. One input `input__0` (FP32, `[batch, features]`), one output
 //! `output__0`: class scores, class probabilities (`predict_proba`), or class ids
@@ -19,8 +19,10 @@ use crate::{
     tensor::{DataType, Tensor},
 };
 
+mod check;
 mod lightgbm;
 mod output;
+mod ubjson;
 mod xgboost;
 
 use output::Output;
@@ -30,6 +32,9 @@ pub const OUTPUT: &str = "output__0";
 /// Bounds on what a model file may declare (it sizes the buffers of every prediction).
 const MAX_FEATURES: usize = 1 << 20;
 const MAX_CLASSES: usize = 1 << 14;
+/// Most values one batch's output may hold (64 MiB of FP32): rows × classes is the client's to
+/// choose, the classes the model's.
+const MAX_OUTPUT_VALUES: usize = 1 << 24;
 
 /// A loaded forest: dense FP32 rows in, `width()` values per row out.
 trait Forest: Send {
@@ -38,6 +43,8 @@ trait Forest: Send {
     fn width(&self) -> usize;
     /// Whether the values are class ids already (XGBoost's `multi:softmax`).
     fn gives_classes(&self) -> bool;
+    /// Whether the values are class probabilities (a classifier's objective).
+    fn gives_probabilities(&self) -> bool;
     fn predict(&mut self, data: &[f32], rows: usize, out: &mut Vec<f32>) -> std::result::Result<(), String>;
 }
 
@@ -95,7 +102,10 @@ impl FilBackend {
                     Device::Gpu(g) => Some(g),
                     Device::Cpu => None,
                 };
-                Ok(Box::new(xgboost::Booster::load(self.xgboost()?, path, threads, gpu).map_err(named)?))
+                let ubj = ModelType::of(config).map_err(Error::invalid)? != ModelType::XgboostJson;
+                let bytes = check::read(path).map_err(named)?;
+                let info = check::xgboost(&bytes, ubj).map_err(named)?;
+                Ok(Box::new(xgboost::Booster::load(self.xgboost()?, &bytes, path, &info, threads, gpu).map_err(named)?))
             }
             ModelType::Lightgbm => {
                 if let Device::Gpu(_) = device {
@@ -104,7 +114,8 @@ impl FilBackend {
                         config.name
                     )));
                 }
-                Ok(Box::new(lightgbm::Booster::load(self.lightgbm()?, path, threads).map_err(named)?))
+                let info = check::lightgbm(check::read(path).map_err(named)?).map_err(named)?;
+                Ok(Box::new(lightgbm::Booster::load(self.lightgbm()?, &info, path, threads).map_err(named)?))
             }
             ModelType::TreeliteCheckpoint => Err(Error::unsupported(format!(
                 "model '{}': model_type treelite_checkpoint is not served by ferry; save the model in its own \
@@ -177,6 +188,7 @@ impl Backend for FilBackend {
                 ignored.join(", ")
             );
         }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = match config.parameters.get("cpu_nthread").map(|p| p.string_value.trim()) {
             None | Some("") | Some("-1") => spec.intra_op_threads,
             Some(v) => v.parse::<usize>().ok().filter(|&n| (1..=super::MAX_THREADS).contains(&n)).ok_or_else(|| {
@@ -187,6 +199,12 @@ impl Backend for FilBackend {
                 ))
             })?,
         };
+        // More threads than cores only costs (and a framework's OpenMP may exit the process when
+        // it cannot make them).
+        if threads > cores && spec.index == 0 {
+            tracing::warn!(model = %config.name, cpu_nthread = threads, cores, "cpu_nthread is more than the machine's cores; using {cores}");
+        }
+        let threads = threads.min(cores);
         if let Some(o) = config.output.iter().find(|o| o.name != OUTPUT) {
             return Err(Error::unsupported(format!(
                 "model '{}': output '{}' is not served; ferry's FIL backend gives one output, {OUTPUT} (no treeshap_output)",
@@ -244,6 +262,13 @@ impl ModelInstance for FilInstance {
             )));
         }
         let rows = input.data.len() / (4 * features.max(1));
+        let width = self.output.width(self.forest.width());
+        if rows.saturating_mul(self.forest.width().max(width)) > MAX_OUTPUT_VALUES {
+            return Err(Error::invalid(format!(
+                "FIL model: a batch of {rows} rows would give {} output values; ferry answers up to {MAX_OUTPUT_VALUES} per batch (send fewer rows)",
+                rows.saturating_mul(self.forest.width().max(width))
+            )));
+        }
         let data: &[f32] = match bytemuck::try_cast_slice(input.data) {
             Ok(d) => d,
             Err(_) => {
@@ -258,7 +283,6 @@ impl ModelInstance for FilInstance {
             self.forest.predict(data, rows, &mut self.scores).map_err(Error::internal)?;
         }
         let values = Bytes::from(self.output.finish(&self.scores, rows, self.forest.width()));
-        let width = self.output.width(self.forest.width());
         outputs
             .iter()
             .map(|name| {

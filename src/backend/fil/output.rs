@@ -36,6 +36,12 @@ impl Output {
                 })?,
             };
         if flag("predict_proba")? {
+            if !forest.gives_probabilities() && !forest.gives_classes() {
+                return Err(format!(
+                    "model '{}': predict_proba needs a classifier, but the model's objective gives regression values",
+                    config.name
+                ));
+            }
             if forest.gives_classes() {
                 return Err(format!(
                     "model '{}': predict_proba needs class probabilities, but the model's objective \

@@ -1,5 +1,5 @@
-//! XGBoost's C API (`libxgboost.so`, loaded at run time): a booster from a model file (JSON,
-//! UBJSON or the legacy binary format, told apart by XGBoost from the bytes) and its in-place
+//! XGBoost's C API (`libxgboost.so`, loaded at run time): a booster from a checked model file
+//! (JSON or UBJSON, told apart by XGBoost from the bytes) and its in-place
 //! prediction over a dense row-major FP32 batch.
 use std::{
     ffi::{CStr, CString, c_char, c_int, c_void},
@@ -19,7 +19,6 @@ pub struct Api {
     load_buffer: unsafe extern "C" fn(Handle, *const c_void, u64) -> c_int,
     set_param: unsafe extern "C" fn(Handle, *const c_char, *const c_char) -> c_int,
     num_feature: unsafe extern "C" fn(Handle, *mut u64) -> c_int,
-    json_config: unsafe extern "C" fn(Handle, *mut u64, *mut *const c_char) -> c_int,
     predict_dense: unsafe extern "C" fn(
         Handle,
         *const c_char,
@@ -53,7 +52,6 @@ impl Api {
             load_buffer: entry!(lib, "XGBoosterLoadModelFromBuffer"),
             set_param: entry!(lib, "XGBoosterSetParam"),
             num_feature: entry!(lib, "XGBoosterGetNumFeature"),
-            json_config: entry!(lib, "XGBoosterSaveJsonConfig"),
             predict_dense: entry!(lib, "XGBoosterPredictFromDense"),
             _library: lib,
         })
@@ -90,6 +88,7 @@ pub struct Booster {
     features: usize,
     width: usize,
     classes: bool,
+    probabilities: bool,
     /// The prediction settings, as the JSON XGBoost reads each call.
     config: CString,
 }
@@ -106,9 +105,16 @@ impl Drop for Booster {
 }
 
 impl Booster {
-    /// Loads `path` with `threads` threads; `gpu`: the CUDA device to predict on.
-    pub fn load(api: Arc<Api>, path: &Path, threads: usize, gpu: Option<i32>) -> Result<Booster, String> {
-        let bytes = std::fs::read(path).map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+    /// Loads a model file's `bytes` (checked: `info`) with `threads` threads; `gpu`: the CUDA
+    /// device to predict on.
+    pub fn load(
+        api: Arc<Api>,
+        bytes: &[u8],
+        path: &Path,
+        info: &super::check::XgbInfo,
+        threads: usize,
+        gpu: Option<i32>,
+    ) -> Result<Booster, String> {
         let mut handle: Handle = std::ptr::null_mut();
         // SAFETY: no training matrices (null, 0); `handle` receives the booster.
         api.check(unsafe { (api.create)(std::ptr::null(), 0, &mut handle) }, "creating a booster")?;
@@ -118,7 +124,9 @@ impl Booster {
             handle,
             features: 0,
             width: 1,
-            classes: false,
+            classes: info.objective == "multi:softmax",
+            probabilities: matches!(info.objective.split(':').next(), Some("binary" | "multi"))
+                || info.objective == "reg:logistic",
             config: CString::new(
                 r#"{"type":0,"training":false,"iteration_begin":0,"iteration_end":0,"strict_shape":false,"missing":NaN,"cache_id":0}"#,
             )
@@ -128,7 +136,6 @@ impl Booster {
         // SAFETY: the buffer outlives the call; XGBoost copies what it keeps.
         let rc = unsafe { (api.load_buffer)(b.handle, bytes.as_ptr().cast(), bytes.len() as u64) };
         api.check(rc, &format!("loading '{}'", path.display()))?;
-        drop(bytes);
         b.set("nthread", &threads.max(1).to_string())?;
         if let Some(gpu) = gpu {
             b.set("device", &format!("cuda:{gpu}"))?;
@@ -139,20 +146,6 @@ impl Booster {
         b.features = usize::try_from(n).ok().filter(|&f| f <= super::MAX_FEATURES).ok_or_else(|| {
             format!("the model has {n} features; ferry takes tree models of up to {}", super::MAX_FEATURES)
         })?;
-        let config = b.config()?;
-        let learner = &config["learner"];
-        let outputs = ["num_class", "num_target"].map(|k| {
-            learner["learner_model_param"][k].as_str().and_then(|v| v.parse::<u64>().ok()).unwrap_or(1).max(1)
-        });
-        if outputs.iter().any(|&k| k > super::MAX_CLASSES as u64) {
-            return Err(format!(
-                "the model has {} classes and {} targets; ferry takes tree models of up to {} of each",
-                outputs[0],
-                outputs[1],
-                super::MAX_CLASSES
-            ));
-        }
-        b.classes = learner["objective"]["name"].as_str() == Some("multi:softmax");
         // The width of a prediction, from one row of missing values.
         let probe = vec![f32::NAN; b.features.max(1)];
         let mut out = Vec::new();
@@ -165,17 +158,6 @@ impl Booster {
         // SAFETY: both strings outlive the call.
         let rc = unsafe { (self.api.set_param)(self.handle, n.as_ptr(), v.as_ptr()) };
         self.api.check(rc, &format!("setting {name}={value}"))
-    }
-
-    /// The learner's configuration (objective, class count, ...), as XGBoost writes it.
-    fn config(&self) -> Result<serde_json::Value, String> {
-        let mut len = 0u64;
-        let mut text: *const c_char = std::ptr::null();
-        // SAFETY: XGBoost returns a pointer to its own NUL-terminated buffer, valid until the next call.
-        let rc = unsafe { (self.api.json_config)(self.handle, &mut len, &mut text) };
-        self.api.check(rc, "reading the model's configuration")?;
-        let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
-        serde_json::from_str(&text).map_err(|e| format!("XGBoost's configuration is not JSON: {e}"))
     }
 
     /// Predicts `rows` rows; returns the values per row, written to `out`.
@@ -223,6 +205,10 @@ impl Forest for Booster {
 
     fn gives_classes(&self) -> bool {
         self.classes
+    }
+
+    fn gives_probabilities(&self) -> bool {
+        self.probabilities
     }
 
     fn predict(&mut self, data: &[f32], rows: usize, out: &mut Vec<f32>) -> Result<(), String> {

@@ -87,6 +87,7 @@ impl Backend for OpenVinoBackend {
     }
 
     fn model_io(&self, model_path: &Path) -> Result<ModelIo> {
+        readable(model_path).map_err(Error::invalid)?;
         let model = self.shared.core()?.read(model_path).map_err(Error::invalid)?;
         let (inputs, outputs) = self.ports(&model).map_err(Error::invalid)?;
         Ok(io_of(&inputs, &outputs))
@@ -116,6 +117,7 @@ impl Backend for OpenVinoBackend {
                 )));
             }
         }
+        readable(spec.model_path).map_err(named)?;
         let core = self.shared.core()?;
         let mut model = core.read(spec.model_path).map_err(named)?;
         let batching = config.max_batch_size > 0;
@@ -267,6 +269,33 @@ impl ModelInstance for OpenVinoInstance {
             })
             .collect()
     }
+}
+
+/// A model's files are regular files (a SavedModel: a folder of them), never a pipe or a device
+/// that would block or never end OpenVINO's read; an IR's weights beside it too.
+fn readable(path: &Path) -> std::result::Result<(), String> {
+    fn check(path: &Path, depth: usize, budget: &mut usize) -> std::result::Result<(), String> {
+        let meta = std::fs::metadata(path).map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+        if meta.is_file() {
+            return Ok(());
+        }
+        if !meta.is_dir() || depth == 0 {
+            return Err(format!("'{}' is not a regular file", path.display()));
+        }
+        for entry in std::fs::read_dir(path).map_err(|e| format!("cannot read '{}': {e}", path.display()))? {
+            *budget = budget.checked_sub(1).ok_or_else(|| format!("'{}' holds too many files", path.display()))?;
+            let entry = entry.map_err(|e| format!("cannot read '{}': {e}", path.display()))?;
+            check(&entry.path(), depth - 1, budget)?;
+        }
+        Ok(())
+    }
+    let mut budget = 10_000;
+    check(path, 4, &mut budget)?;
+    let weights = path.with_extension("bin");
+    if path.extension().is_some_and(|e| e == "xml") && weights.exists() {
+        check(&weights, 0, &mut budget)?;
+    }
+    Ok(())
 }
 
 /// Row-major dims of a config tensor as OpenVINO dimensions (-1: variable).
