@@ -213,7 +213,7 @@ def hostile(repo, binary, lmulti, lbin):
 HOSTILE = {
     "x_cycle": "node 0 has children 0", "x_child_far": "children 100000000", "x_feature_far": "feature 900000",
     "x_tree_info": "tree_info names output 7", "x_empty": "is empty", "x_legacy": "old binary format",
-    "l_half": "LightGBM loading", "l_feature_far": "feature 2000000000", "l_child_far": "node 100000000",
+    "l_half": "tree ",  # where the cut falls: an array shorter than its tree's leaves "l_feature_far": "feature 2000000000", "l_child_far": "node 100000000",
     "l_cycle": "twice", "l_per_iteration": "num_tree_per_iteration 0", "l_classes": "num_class is 2 and num_tree_per_iteration 4",
     "x_fifo": "not a regular file", "x_zero": "not a regular file",
     "x_proba_regression": "predict_proba needs a classifier",

@@ -384,6 +384,13 @@ pub fn lightgbm(bytes: Vec<u8>) -> Result<LgbInfo, String> {
     if !(0..=MAX_FEATURES as i64).contains(&features) {
         return Err(format!("the model has {features} features; ferry takes tree models of up to {MAX_FEATURES}"));
     }
+    for key in ["feature_names", "feature_infos"] {
+        if let Some(n) = header.get(key).map(|v| v.split_whitespace().count())
+            && n as i64 != features
+        {
+            return Err(format!("{key} has {n} entries for {features} features"));
+        }
+    }
     if trees.is_empty() || !trees.len().is_multiple_of(classes as usize) {
         return Err(format!("{} trees for {classes} per iteration", trees.len()));
     }
@@ -415,6 +422,22 @@ fn lgb_tree(t: &std::collections::HashMap<&str, &str>, features: usize) -> Resul
     let threshold = numbers::<f64>(get("threshold")?, "threshold")?;
     if [split.len(), left.len(), right.len(), decision.len(), threshold.len()].iter().any(|&n| n != internal) {
         return Err(format!("{leaves} leaves, but the node arrays are not all {internal} long"));
+    }
+    // LightGBM reads these without checking their lengths: a short one is read past its end.
+    for (key, want) in [
+        ("split_gain", internal),
+        ("internal_value", internal),
+        ("internal_weight", internal),
+        ("internal_count", internal),
+        ("leaf_weight", leaves),
+        ("leaf_count", leaves),
+    ] {
+        if let Some(v) = t.get(key) {
+            let n = v.split_whitespace().count();
+            if n != want {
+                return Err(format!("{key} has {n} entries; {leaves} leaves need {want}"));
+            }
+        }
     }
     if let Some(f) = split.iter().find(|&&f| f < 0 || f as usize >= features) {
         return Err(format!("a node splits on feature {f}; the model has {features}"));
@@ -478,6 +501,7 @@ mod tests {
             (GOOD.replace("left_child=1 -1", "left_child=100000000 -1"), "node 100000000"),
             (GOOD.replace("leaf_value=0.1 0.2 0.3", "leaf_value=0.1"), "leaf values"),
             (GOOD.replace("num_leaves=3", "num_leaves=1000000000"), "leaf values"),
+            (format!("{GOOD}internal_value=0.5\n"), "internal_value has 1 entries; 3 leaves need 2"),
         ] {
             let e = lightgbm(lgb(&bad).into_bytes()).unwrap_err();
             assert!(e.contains(want), "{want}: {e}");
