@@ -52,6 +52,14 @@ def two_types(path):
     models.save(helper.make_graph(nodes, "two", [a, b], [s, h], [half]), path)
 
 
+def scalar_sum(path):
+    """S = sum(X), a scalar (rank 0) output."""
+    x = helper.make_tensor_value_info("X", TensorProto.FLOAT, [4])
+    y = helper.make_tensor_value_info("S", TensorProto.FLOAT, [])
+    node = helper.make_node("ReduceSum", ["X"], ["S"], keepdims=0)
+    models.save(helper.make_graph([node], "sum", [x], [y]), path, opset=11)
+
+
 def to_ir(onnx_path, xml_path):
     os.makedirs(os.path.dirname(xml_path), exist_ok=True)
     ov.save_model(ov.convert_model(onnx_path), xml_path)
@@ -108,7 +116,15 @@ output [{ name: "LOGITS" data_type: TYPE_FP32 dims: [ 5 ] }]''', [("RESHAPE_IO_L
         {"model.xml": os.path.join(src, "cnn1.onnx")})
     two_types(os.path.join(src, "two.onnx"))
     put("two_types", config("two_types", "max_batch_size: 8"), {"model.xml": os.path.join(src, "two.onnx")})
+    scalar_sum(os.path.join(src, "sum.onnx"))
+    put("scalar_out", config("scalar_out", 'max_batch_size: 0\ndefault_model_filename: "model.onnx"'),
+        {"model.onnx": os.path.join(src, "sum.onnx")})
+    # Taken, and without effect (a core-wide setting in OpenVINO).
+    put("compile_threads", config("compile_threads", f"max_batch_size: 8\n{CNN_IO}", [("COMPILATION_NUM_THREADS", "1")]),
+        {"model.xml": os.path.join(src, "cnn1.onnx")})
     # Failures, each of its own model.
+    put("never_full", config("never_full", f"max_batch_size: 2\n{CNN_IO}", [("SKIP_OV_DYNAMIC_BATCHSIZE", "YES")]),
+        {"model.xml": os.path.join(src, "cnn4.onnx")})
     (root / "junk.xml").write_text("<net><layers><layer id='0' type='Banana'/></layers></net>")
     put("corrupt", config("corrupt", "max_batch_size: 0"), {"model.xml": str(root / "junk.xml")})
     put("bad_streams", config("bad_streams", f"max_batch_size: 8\n{CNN_IO}", [("NUM_STREAMS", "0")]),
@@ -215,6 +231,13 @@ def test_int64_and_fp16_tensors(server, made):
     assert {o["name"]: o["data_type"] for o in config["output"]} == {"SUM": "TYPE_INT64", "HALF": "TYPE_FP16"}
 
 
+def test_a_scalar_output(server):
+    x = np.array([1.5, 2.0, -0.5, 4.0], dtype=np.float32)
+    r = grpc_infer(server, "scalar_out", {"X": x})
+    # As for ONNX models, a scalar is written dims [ 1 ] and answered as [1].
+    np.testing.assert_array_equal(r.as_numpy("S"), np.array([7.0], dtype=np.float32))
+
+
 def test_auto_complete_from_the_model(server):
     config = httpclient.InferenceServerClient(server.url).get_model_config("cnn_onnx")
     assert [(i["name"], i["data_type"], [int(d) for d in i["dims"]]) for i in config["input"]] == \
@@ -271,6 +294,7 @@ def test_bad_inputs_are_400_and_the_server_keeps_serving(server):
 def test_failures_stay_with_their_model(server):
     c = httpclient.InferenceServerClient(server.url)
     index = {m["name"]: m for m in c.get_model_repository_index()}
+    assert "fixed at 4 and max_batch_size is 2" in index["never_full"]["reason"], index["never_full"]
     for name in ["fifo_xml", "fifo_bin"]:
         assert index[name]["state"] == "UNAVAILABLE" and "is not a regular file" in index[name]["reason"], index[name]
     for name in ["corrupt", "bad_streams", "too_big", "no_file"]:
@@ -279,7 +303,7 @@ def test_failures_stay_with_their_model(server):
     assert "NUM_STREAMS is '0'" in index["bad_streams"]["reason"]
     assert "max_batch_size 8 is more than the model's fixed batch dimension (4) takes" in index["too_big"]["reason"]
     assert "model.xml" in index["no_file"]["reason"], index["no_file"]
-    for name in ["cnn_ir", "cnn_onnx", "cnn_padded", "cnn_fixed", "cnn_any_size", "two_types", "both"]:
+    for name in ["cnn_ir", "cnn_onnx", "cnn_padded", "cnn_fixed", "cnn_any_size", "two_types", "both", "compile_threads"]:
         assert c.is_model_ready(name), (name, index.get(name))
 
 

@@ -10,6 +10,9 @@ use crate::tensor::DataType;
 
 type Handle = *mut c_void;
 
+/// Largest output one run may give (OpenVINO allocates it; ferry copies it into the answer).
+pub const MAX_OUTPUT_BYTES: usize = 1 << 31;
+
 /// `ov_dimension_t` (also `ov_rank_t`): an interval; -1 as both ends is a dynamic dimension.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,6 +51,7 @@ pub struct Api {
     get_version: unsafe extern "C" fn(*mut [*const c_char; 2]) -> c_int,
     version_free: unsafe extern "C" fn(*mut [*const c_char; 2]),
     last_error: unsafe extern "C" fn() -> *const c_char,
+    error_info: unsafe extern "C" fn(c_int) -> *const c_char,
     free_string: unsafe extern "C" fn(*const c_char),
     core_create: unsafe extern "C" fn(*mut Handle) -> c_int,
     core_free: unsafe extern "C" fn(Handle),
@@ -75,13 +79,15 @@ pub struct Api {
     tensor_shape: unsafe extern "C" fn(Handle, *mut Shape) -> c_int,
     tensor_type: unsafe extern "C" fn(Handle, *mut c_int) -> c_int,
     tensor_bytes: unsafe extern "C" fn(Handle, *mut usize) -> c_int,
+    tensor_size: unsafe extern "C" fn(Handle, *mut usize) -> c_int,
     tensor_data: unsafe extern "C" fn(Handle, *mut *mut c_void) -> c_int,
     tensor_free: unsafe extern "C" fn(Handle),
     shape_free: unsafe extern "C" fn(*mut Shape),
     /// The numbering of `ov_element_type_e` this library uses (it moved by one in 2026).
     types: ElementTypes,
-    /// OpenVINO keeps one last error for the whole process: a call that fails and the read of
-    /// its message hold this, so two loads failing at once keep their own messages.
+    /// OpenVINO keeps one last error for the whole process: a load-time call and the read of its
+    /// message hold this, so two loads failing at once keep their own messages. Inference never
+    /// takes it (nor reads the message).
     errors: Mutex<()>,
     pub version: String,
     /// Last: the entry points above live as long as it.
@@ -144,6 +150,7 @@ impl Api {
             get_version: entry!(lib, "ov_get_openvino_version"),
             version_free: entry!(lib, "ov_version_free"),
             last_error: entry!(lib, "ov_get_last_err_msg"),
+            error_info: entry!(lib, "ov_get_error_info"),
             free_string: entry!(lib, "ov_free"),
             core_create: entry!(lib, "ov_core_create"),
             core_free: entry!(lib, "ov_core_free"),
@@ -171,6 +178,7 @@ impl Api {
             tensor_shape: entry!(lib, "ov_tensor_get_shape"),
             tensor_type: entry!(lib, "ov_tensor_get_element_type"),
             tensor_bytes: entry!(lib, "ov_tensor_get_byte_size"),
+            tensor_size: entry!(lib, "ov_tensor_get_size"),
             tensor_data: entry!(lib, "ov_tensor_data"),
             tensor_free: entry!(lib, "ov_tensor_free"),
             shape_free: entry!(lib, "ov_shape_free"),
@@ -216,30 +224,54 @@ impl Api {
         }
     }
 
-    /// `Ok` when `rc` is 0, else OpenVINO's message for what failed.
+    /// `Ok` when `rc` is 0, else an error naming the call and OpenVINO's status (never OpenVINO's
+    /// last message: it is one for the whole process, and may be another request's, holding
+    /// that client's values).
     fn check(&self, rc: c_int, what: &str) -> Result<(), String> {
         if rc == 0 {
             return Ok(());
         }
-        // SAFETY: ov_get_last_err_msg returns a copy (or null) that ov_free releases.
-        let msg = unsafe {
-            let p = (self.last_error)();
-            if p.is_null() {
-                String::new()
-            } else {
-                let s = CStr::from_ptr(p).to_string_lossy().into_owned();
-                (self.free_string)(p);
-                s
-            }
-        };
-        Err(format!("OpenVINO {what} failed (status {rc}): {}", tidy(&msg)))
+        Err(format!("OpenVINO {what} failed ({})", self.status(rc)))
     }
 
-    /// Runs a call that may fail, reading its message before another thread's failure can
-    /// replace it.
+    /// OpenVINO's name of a status (a static string).
+    fn status(&self, rc: c_int) -> String {
+        // SAFETY: ov_get_error_info returns a static NUL-terminated string (or null).
+        let p = unsafe { (self.error_info)(rc) };
+        let name =
+            if p.is_null() { String::new() } else { unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned() };
+        format!("status {rc}{}", if name.is_empty() { String::new() } else { format!(", {}", name.to_lowercase()) })
+    }
+
+    /// OpenVINO's last message (empty when none).
+    fn last_message(&self) -> String {
+        // SAFETY: ov_get_last_err_msg returns a copy (or null) that ov_free releases.
+        unsafe {
+            let p = (self.last_error)();
+            if p.is_null() {
+                return String::new();
+            }
+            let s = CStr::from_ptr(p).to_string_lossy().into_owned();
+            (self.free_string)(p);
+            s
+        }
+    }
+
+    /// Runs a load-time call (reading, reshaping, compiling a model), one at a time, and on
+    /// failure gives OpenVINO's message, when the call left a new one (a call that fails on a
+    /// bad parameter leaves none, and the last is then another call's).
     fn guarded(&self, what: &str, call: impl FnOnce() -> c_int) -> Result<(), String> {
         let _one = self.errors.lock().unwrap_or_else(|p| p.into_inner());
-        self.check(call(), what)
+        let before = self.last_message();
+        let rc = call();
+        if rc == 0 {
+            return Ok(());
+        }
+        let msg = self.last_message();
+        if msg.is_empty() || msg == before {
+            return self.check(rc, what);
+        }
+        Err(format!("OpenVINO {what} failed ({}): {}", self.status(rc), tidy(&msg)))
     }
 }
 
@@ -261,6 +293,8 @@ pub struct Port {
     pub datatype: Option<DataType>,
     pub element: c_int,
     pub dims: Vec<Dimension>,
+    /// False for a dynamic rank (`dims` then empty): served only once reshaped.
+    pub ranked: bool,
 }
 
 pub struct Core {
@@ -420,11 +454,13 @@ fn read_port(api: &Api, port: Handle, index: usize) -> Result<Port, String> {
     let mut shape = PartialShape { rank: Dimension::fixed(0), dims: std::ptr::null_mut() };
     // SAFETY: the port came from OpenVINO; each output is freed by its own call below.
     let read = unsafe {
-        let named = api.check((api.port_name)(port, &mut name), "reading a tensor's name");
+        if (api.port_name)(port, &mut name) != 0 {
+            name = std::ptr::null_mut();
+        }
         let typed = api.check((api.port_type)(port, &mut element), "reading a tensor's type");
         let shaped = api.check((api.port_shape)(port, &mut shape), "reading a tensor's shape");
         (api.port_free)(port);
-        named.and(typed).and(shaped)
+        typed.and(shaped)
     };
     // A tensor with no name is known by its position, as OpenVINO's own tools write it.
     let text = if name.is_null() {
@@ -447,10 +483,7 @@ fn read_port(api: &Api, port: Handle, index: usize) -> Result<Port, String> {
     let ranked = shape.rank.min == shape.rank.max && shape.rank.min >= 0;
     // SAFETY: the shape was filled by ov_port_get_partial_shape.
     unsafe { (api.partial_shape_free)(&mut shape) };
-    if !ranked {
-        return Err(format!("tensor '{text}' has a dynamic rank, which ferry cannot serve"));
-    }
-    Ok(Port { name: text, datatype: api.types.datatype(element), element, dims })
+    Ok(Port { name: text, datatype: api.types.datatype(element), element, dims, ranked })
 }
 
 pub struct Compiled {
@@ -555,15 +588,28 @@ unsafe fn read_tensor(api: &Api, tensor: Handle) -> Result<Output, String> {
     let mut shape = Shape { rank: 0, dims: std::ptr::null_mut() };
     let (mut element, mut bytes, mut data) = (0 as c_int, 0usize, std::ptr::null_mut::<c_void>());
     unsafe {
-        api.check((api.tensor_shape)(tensor, &mut shape), "reading an output's shape")?;
-        let dims = if shape.dims.is_null() || shape.rank <= 0 {
-            Vec::new()
-        } else {
-            std::slice::from_raw_parts(shape.dims, shape.rank as usize).to_vec()
-        };
-        (api.shape_free)(&mut shape);
         api.check((api.tensor_type)(tensor, &mut element), "reading an output's type")?;
         api.check((api.tensor_bytes)(tensor, &mut bytes), "reading an output's size")?;
+        if bytes > MAX_OUTPUT_BYTES {
+            return Err(format!("an output of {bytes} bytes is more than ferry answers ({MAX_OUTPUT_BYTES})"));
+        }
+        // OpenVINO's C API gives no shape for a scalar (rank 0): one element and no shape is one.
+        let dims = if (api.tensor_shape)(tensor, &mut shape) != 0 {
+            let mut size = 0usize;
+            api.check((api.tensor_size)(tensor, &mut size), "reading an output's shape")?;
+            if size != 1 {
+                return Err("OpenVINO gave an output without its shape".into());
+            }
+            Vec::new()
+        } else {
+            let dims = if shape.dims.is_null() || shape.rank <= 0 {
+                Vec::new()
+            } else {
+                std::slice::from_raw_parts(shape.dims, shape.rank as usize).to_vec()
+            };
+            (api.shape_free)(&mut shape);
+            dims
+        };
         let data_bytes = if bytes == 0 {
             Vec::new()
         } else {

@@ -90,6 +90,15 @@ impl Backend for OpenVinoBackend {
         readable(model_path).map_err(Error::invalid)?;
         let model = self.shared.core()?.read(model_path).map_err(Error::invalid)?;
         let (inputs, outputs) = self.ports(&model).map_err(Error::invalid)?;
+        // A tensor of dynamic rank has no dims to complete the config with.
+        if let Some(p) = inputs.iter().chain(&outputs).find(|p| !p.ranked) {
+            return Err(Error::invalid(format!(
+                "tensor '{}' of '{}' has a dynamic rank; list the model's inputs and outputs in config.pbtxt with their dims \
+                 and RESHAPE_IO_LAYERS: \"YES\"",
+                p.name,
+                model_path.display()
+            )));
+        }
         Ok(io_of(&inputs, &outputs))
     }
 
@@ -134,6 +143,19 @@ impl Backend for OpenVinoBackend {
             ))
         })?;
         let (inputs, outputs) = self.ports(&model).map_err(named)?;
+        if inputs.is_empty() || outputs.is_empty() {
+            return Err(named(format!(
+                "the model has {} inputs and {} outputs; it computes nothing",
+                inputs.len(),
+                outputs.len()
+            )));
+        }
+        if let Some(p) = inputs.iter().chain(&outputs).find(|p| !p.ranked) {
+            return Err(named(format!(
+                "tensor '{}' has a dynamic rank; give its dims in the config with RESHAPE_IO_LAYERS: \"YES\"",
+                p.name
+            )));
+        }
         if let Some(p) = inputs.iter().chain(&outputs).find(|p| p.datatype.is_none()) {
             return Err(named(format!(
                 "tensor '{}' has OpenVINO element type {}, which has no KServe datatype ferry serves",
@@ -152,6 +174,19 @@ impl Backend for OpenVinoBackend {
                 "max_batch_size {} is more than the model's fixed batch dimension ({n}) takes",
                 config.max_batch_size
             )));
+        }
+        if let Some(n) = fixed_batch
+            && !params.batch_padding
+            && i64::from(config.max_batch_size) != n
+        {
+            return Err(named(format!(
+                "the model's batch dimension is fixed at {n} and max_batch_size is {}: no batch could run; set \
+                 max_batch_size to {n} or ENABLE_BATCH_PADDING to \"YES\"",
+                config.max_batch_size
+            )));
+        }
+        if params.compile_threads.is_some() && spec.index == 0 {
+            tracing::warn!(model = %config.name, "COMPILATION_NUM_THREADS is a core-wide OpenVINO setting; it has no effect per model");
         }
         let properties = params.properties(spec.intra_op_threads);
         if spec.index == 0 {
@@ -246,7 +281,19 @@ impl ModelInstance for OpenVinoInstance {
             return Err(Error::invalid(format!("the OpenVINO model needs input '{missing}', which the batch lacks")));
         }
         // A shape the model cannot take is the request's error (OpenVINO checks it).
-        self.request.infer().map_err(Error::invalid)?;
+        self.request.infer().map_err(|e| {
+            let given: Vec<String> = inputs.iter().zip(&shapes).map(|(i, s)| format!("'{}' {s:?}", i.name)).collect();
+            let takes: Vec<String> = self.io.inputs.iter().map(|t| format!("'{}' {:?}", t.name, t.shape)).collect();
+            Error::invalid(format!(
+                "{e}: the model could not run on inputs {} (it takes {})",
+                given.join(", "),
+                takes.join(", ")
+            ))
+        })?;
+        // A large padded or realigned copy is not kept for the model's lifetime.
+        for buffer in self.scratch.iter_mut().filter(|b| b.capacity() > SCRATCH_KEPT / 8) {
+            *buffer = Vec::new();
+        }
         outputs
             .iter()
             .map(|name| {
@@ -270,6 +317,9 @@ impl ModelInstance for OpenVinoInstance {
             .collect()
     }
 }
+
+/// Bytes of input copies an instance keeps between batches.
+const SCRATCH_KEPT: usize = 16 << 20;
 
 /// A model's files are regular files (a SavedModel: a folder of them), never a pipe or a device
 /// that would block or never end OpenVINO's read; an IR's weights beside it too.

@@ -12,7 +12,9 @@ pub struct Params {
     hint: Option<String>,
     streams: Option<String>,
     threads: Option<usize>,
-    compile_threads: Option<usize>,
+    /// Triton's `COMPILATION_NUM_THREADS`: a core-wide setting in OpenVINO (the CPU plugin
+    /// refuses it per model), taken and not applied.
+    pub compile_threads: Option<usize>,
     /// `INFERENCE_PRECISION_HINT` (ferry's; f32, bf16 or f16), or bf16 from Triton's `HINT_BF16`.
     precision: Option<String>,
 }
@@ -126,9 +128,6 @@ impl Params {
             let threads = self.threads.filter(|&n| n > 0).unwrap_or(share.max(1));
             p.push(("INFERENCE_NUM_THREADS".into(), threads.to_string()));
         }
-        if let Some(n) = self.compile_threads.filter(|&n| n > 0) {
-            p.push(("COMPILATION_NUM_THREADS".into(), n.to_string()));
-        }
         if let Some(precision) = &self.precision {
             p.push(("INFERENCE_PRECISION_HINT".into(), precision.clone()));
         }
@@ -151,7 +150,7 @@ mod tests {
     }
 
     fn port(dims: &[i64]) -> Port {
-        Port { name: "x".into(), datatype: None, element: 0, dims: dimensions(dims) }
+        Port { name: "x".into(), datatype: None, element: 0, dims: dimensions(dims), ranked: true }
     }
 
     #[test]

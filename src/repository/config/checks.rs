@@ -390,8 +390,9 @@ fn find<'a>(list: &'a [TensorInfo], name: &str, what: &str, cfg: &ModelConfig) -
     list.iter().find(|t| t.name == name).ok_or_else(|| {
         let have: Vec<&str> = list.iter().map(|t| t.name.as_str()).collect();
         format!(
-            "model '{}': configuration {what} '{name}' is not a {what} of the model (the model's {what}s: {})",
+            "model '{}': configuration {what} '{name}' is not {} {what} of the model (the model's {what}s: {})",
             cfg.name,
+            if what.starts_with(['a', 'e', 'i', 'o', 'u']) { "an" } else { "a" },
             have.join(", ")
         )
     })
