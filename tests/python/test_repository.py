@@ -84,7 +84,7 @@ def test_config_pipeline_errors_name_the_problem(fresh_repo):
     models.add_mul(fresh_repo, "wrongtype", config='name: "wrongtype"\nmax_batch_size: 4\n'
                    'input [ { name: "a" data_type: TYPE_INT32 dims: [4] }, { name: "b" data_type: TYPE_FP32 dims: [4] } ]\n'
                    'output [ { name: "y" data_type: TYPE_FP32 dims: [4] } ]\n')
-    models.add_mul(fresh_repo, "tensorflowy", config='backend: "tensorflow"\n')
+    models.add_mul(fresh_repo, "tensorflowy", config='backend: "dali"\n')
     os.makedirs(os.path.join(fresh_repo, "notes"))
     with open(os.path.join(fresh_repo, "notes", "README"), "w") as f:
         f.write("not a model")
@@ -92,7 +92,7 @@ def test_config_pipeline_errors_name_the_problem(fresh_repo):
         log = s.log()
         assert "unexpected directory name 'renamed' for model 'other'" in log
         assert "input 'a': the configuration says TYPE_INT32 but the model has TYPE_FP32" in log
-        assert "backend 'tensorflow' is not served by ferry" in log
+        assert "backend 'dali' is not served by ferry" in log
         assert "skipping a folder that is not a model" in log and "notes" in log
         for name in ("renamed", "wrongtype", "tensorflowy"):
             assert not s.client().is_model_ready(name)
