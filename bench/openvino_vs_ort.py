@@ -2,7 +2,7 @@
 """OpenVINO beside ONNX Runtime in ferry on the same models (after `source bench/tools.sh` and a
 release build), in the test venv (which has openvino):
 
-    source scripts/venv.sh && source bench/tools.sh && python bench/openvino.py
+    source scripts/venv.sh && source bench/tools.sh && python bench/openvino_vs_ort.py
 
 The reference cnn_small (ResNet-18 topology, FP32 [3,224,224]) and mlp_small of
 ../shared/bench/make_models.py, one CPU instance each with the reference's dynamic batching,
@@ -74,7 +74,7 @@ def main():
     bf16 = "amx_bf16" in flags or "avx512_bf16" in flags
     lines = [
         f"Commit `{run.commit_label()}`, {datetime.date.today()}, {os.cpu_count()} cores "
-        f"({'with' if bf16 else 'without'} bfloat16 units), release build, OpenVINO {openvino.__version__.split('-')[0]} "
+        f"({'with' if bf16 else 'without'} bfloat16 units), release build, OpenVINO {openvino.get_version().split('-')[0]} "
         f"(PyPI) and ONNX Runtime (the test venv's), the same ONNX file each, one CPU instance, 2 threads, "
         f"perf_analyzer over gRPC, batch 1 per request, the reference's dynamic batching.",
         "",
