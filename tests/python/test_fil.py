@@ -296,6 +296,13 @@ def test_warm_up_runs_the_forest(server):
     assert "rows of 5 features; the model takes 8" in index["cold"]["reason"], index["cold"]
 
 
+def test_common_xgboost_forests_are_walked_by_ferry_once_they_agree_with_xgboost(server):
+    # Logged at load; the outputs above are compared with XGBoost's own either way.
+    walked = [line for line in server.log().splitlines() if "evaluated by ferry" in line]
+    for model in ["xgb_binary", "xgb_multi", "xgb_softmax", "xgb_reg"]:
+        assert any(model in line for line in walked), (model, walked)
+
+
 def test_inputs_and_outputs_come_from_the_model(server):
     c = httpclient.InferenceServerClient(server.url)
     config = c.get_model_config("xgb_multi")

@@ -94,6 +94,41 @@ impl<'de> Deserialize<'de> for Counted {
     }
 }
 
+/// A JSON array of numbers as float32 (a null, UBJSON's NaN, is NaN).
+#[derive(Debug, Default)]
+struct Floats(Vec<f32>);
+
+impl<'de> Deserialize<'de> for Floats {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v: Vec<Option<f64>> = Vec::deserialize(d)?;
+        Ok(Floats(v.into_iter().map(|x| x.map_or(f32::NAN, |x| x as f32)).collect()))
+    }
+}
+
+/// XGBoost's `default_left`: 0 and 1 (JSON, UBJSON), or booleans.
+#[derive(Debug, Default)]
+struct Flags(Vec<i64>);
+
+impl<'de> Deserialize<'de> for Flags {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum F {
+            B(bool),
+            I(i64),
+        }
+        let v: Vec<F> = Vec::deserialize(d)?;
+        Ok(Flags(
+            v.into_iter()
+                .map(|f| match f {
+                    F::B(b) => i64::from(b),
+                    F::I(i) => i,
+                })
+                .collect(),
+        ))
+    }
+}
+
 /// XGBoost writes its counts as strings ("31") in JSON, as numbers in some versions.
 fn count<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
     #[derive(Deserialize)]
@@ -128,6 +163,9 @@ struct ModelParam {
     num_class: u64,
     #[serde(deserialize_with = "count", default)]
     num_target: u64,
+    /// "5E-1", or "[1E-1,2E-1]" (one per class) in XGBoost 3.
+    #[serde(default)]
+    base_score: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -175,8 +213,8 @@ struct Tree {
     left_children: Vec<i64>,
     right_children: Vec<i64>,
     split_indices: Vec<i64>,
-    split_conditions: Counted,
-    default_left: Counted,
+    split_conditions: Floats,
+    default_left: Flags,
     base_weights: Counted,
     #[serde(default)]
     split_type: Vec<i64>,
@@ -191,9 +229,27 @@ struct Tree {
 }
 
 /// What an XGBoost model file says, once checked.
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 pub struct XgbInfo {
     pub objective: String,
+    /// The forest as ferry evaluates it, when it is one of the common kinds.
+    pub native: Option<super::native::NativeForest>,
+}
+
+/// XGBoost's base score: one number, or a bracketed list, as a string or a number.
+fn base_score(v: Option<&serde_json::Value>) -> Option<Vec<f32>> {
+    match v {
+        None => Some(Vec::new()),
+        Some(serde_json::Value::Number(n)) => Some(vec![n.as_f64()? as f32]),
+        Some(serde_json::Value::String(s)) => s
+            .trim()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .split(',')
+            .map(|x| x.trim().parse::<f32>().ok())
+            .collect(),
+        _ => None,
+    }
 }
 
 /// Checks an XGBoost model (JSON, or UBJSON when `ubj` allows it).
@@ -255,6 +311,32 @@ pub fn xgboost(bytes: &[u8], ubj: bool) -> Result<XgbInfo, String> {
             for (k, t) in forest.trees.iter().enumerate() {
                 xgb_tree(t, features).map_err(|e| format!("tree {k}: {e}"))?;
             }
+            let plain = weights.is_none()
+                && p.num_target <= 1
+                && forest
+                    .trees
+                    .iter()
+                    .all(|t| t.tree_param.size_leaf_vector <= 1 && t.split_type.iter().all(|&s| s == 0));
+            let native = plain
+                .then(|| base_score(p.base_score.as_ref()))
+                .flatten()
+                .and_then(|base| {
+                    super::native::NativeForest::new(&learner.objective.name, features as usize, groups as usize, &base)
+                })
+                .map(|mut native| {
+                    for (t, &g) in forest.trees.iter().zip(&forest.tree_info) {
+                        native.add_tree(
+                            g as usize,
+                            &t.left_children,
+                            &t.right_children,
+                            &t.split_indices,
+                            &t.split_conditions.0,
+                            &t.default_left.0,
+                        );
+                    }
+                    native
+                });
+            return Ok(XgbInfo { objective: learner.objective.name, native });
         }
         "gblinear" => {
             let linear = Linear::deserialize(model).map_err(|e| format!("not an XGBoost linear model: {e}"))?;
@@ -268,7 +350,7 @@ pub fn xgboost(bytes: &[u8], ubj: bool) -> Result<XgbInfo, String> {
         }
         other => return Err(format!("booster '{other}' is not one ferry serves (gbtree, dart or gblinear)")),
     }
-    Ok(XgbInfo { objective: learner.objective.name })
+    Ok(XgbInfo { objective: learner.objective.name, native: None })
 }
 
 /// A UBJSON object opens with '{' then a length marker; a JSON one with '{' then '"', a space or '}'.
@@ -283,8 +365,13 @@ fn xgb_tree(t: &Tree, features: u64) -> Result<(), String> {
         return Err("no nodes".into());
     }
     let leaf_vector = t.tree_param.size_leaf_vector.max(1) as usize;
-    let sizes =
-        [t.left_children.len(), t.right_children.len(), t.split_indices.len(), t.split_conditions.0, t.default_left.0];
+    let sizes = [
+        t.left_children.len(),
+        t.right_children.len(),
+        t.split_indices.len(),
+        t.split_conditions.0.len(),
+        t.default_left.0.len(),
+    ];
     if sizes.iter().any(|&s| s != n) || (!t.split_type.is_empty() && t.split_type.len() != n) {
         return Err(format!("{n} nodes, but arrays of {sizes:?} entries"));
     }
@@ -529,7 +616,9 @@ mod tests {
     #[test]
     fn an_xgboost_model_is_checked() {
         let ok = tree(vec![1, -1, -1], vec![2, -1, -1], vec![2, 0, 0]);
-        assert_eq!(xgboost(&xgb(ok.clone(), serde_json::json!([0])), false).unwrap().objective, "binary:logistic");
+        let info = xgboost(&xgb(ok.clone(), serde_json::json!([0])), false).unwrap();
+        assert_eq!(info.objective, "binary:logistic");
+        assert!(info.native.is_some());
         for (t, info, want) in [
             (tree(vec![0, -1, -1], vec![2, -1, -1], vec![0, 0, 0]), serde_json::json!([0]), "children 0"),
             (tree(vec![1, -1, -1], vec![2, -1, -1], vec![900000, 0, 0]), serde_json::json!([0]), "feature 900000"),

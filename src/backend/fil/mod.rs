@@ -21,6 +21,7 @@ use crate::{
 
 mod check;
 mod lightgbm;
+mod native;
 mod output;
 mod ubjson;
 mod xgboost;
@@ -104,8 +105,22 @@ impl FilBackend {
                 };
                 let ubj = ModelType::of(config).map_err(Error::invalid)? != ModelType::XgboostJson;
                 let bytes = check::read(path).map_err(named)?;
-                let info = check::xgboost(&bytes, ubj).map_err(named)?;
-                Ok(Box::new(xgboost::Booster::load(self.xgboost()?, &bytes, path, &info, threads, gpu).map_err(named)?))
+                let mut info = check::xgboost(&bytes, ubj).map_err(named)?;
+                let mut booster =
+                    xgboost::Booster::load(self.xgboost()?, &bytes, path, &info, threads, gpu).map_err(named)?;
+                // On the CPU, ferry's own walk of a common forest, once it agrees with XGBoost.
+                if let Some(mut native) = info.native.take().filter(|_| gpu.is_none()) {
+                    let rows = native::probe_rows(&native, 64);
+                    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+                    native.predict(&rows, 64, &mut ours).map_err(named)?;
+                    booster.predict(&rows, 64, &mut theirs).map_err(named)?;
+                    if native.width() == booster.width() && native::agrees(&ours, &theirs) {
+                        tracing::info!(model = %config.name, "the forest is evaluated by ferry (it agrees with XGBoost on probe rows)");
+                        return Ok(Box::new(native));
+                    }
+                    tracing::warn!(model = %config.name, "ferry's evaluation of this forest differs from XGBoost's; XGBoost runs it");
+                }
+                Ok(Box::new(booster))
             }
             ModelType::Lightgbm => {
                 if let Device::Gpu(_) = device {
@@ -190,7 +205,11 @@ impl Backend for FilBackend {
         }
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         let threads = match config.parameters.get("cpu_nthread").map(|p| p.string_value.trim()) {
-            None | Some("") | Some("-1") => spec.intra_op_threads,
+            // One thread by default: a forest's work per row is small, and an OpenMP team's wake-up
+            // costs more than it saves on the batches a server forms (bench/RESULTS.md); add
+            // instances for concurrency, or set cpu_nthread for large batches.
+            None | Some("") => 1,
+            Some("-1") => spec.intra_op_threads,
             Some(v) => v.parse::<usize>().ok().filter(|&n| (1..=super::MAX_THREADS).contains(&n)).ok_or_else(|| {
                 Error::invalid(format!(
                     "model '{}': parameter cpu_nthread is '{v}'; expected 1 to {} (or -1: the instance's share of the cores)",
