@@ -300,6 +300,13 @@ impl ModelInstance for FilInstance {
             self.scores.clear();
         } else {
             self.forest.predict(data, rows, &mut self.scores).map_err(Error::internal)?;
+            if self.scores.len() != rows * self.forest.width() {
+                return Err(Error::internal(format!(
+                    "FIL model: the forest gave {} values for {rows} rows of {}",
+                    self.scores.len(),
+                    self.forest.width()
+                )));
+            }
         }
         let values = Bytes::from(self.output.finish(&self.scores, rows, self.forest.width()));
         outputs
