@@ -210,7 +210,7 @@ fn config_must_agree_with_the_model() {
     assert!(err.contains("the model's shape is [-1,16] but the configuration gives [-1,8]"), "{err}");
     cfg.input[0].name = "z".into();
     let err = check_against_model(&cfg, &onnx_io()).unwrap_err();
-    assert!(err.contains("configuration input 'z' is not a input of the model"), "{err}");
+    assert!(err.contains("configuration input 'z' is not an input of the model"), "{err}");
 }
 
 #[test]
