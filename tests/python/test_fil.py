@@ -179,6 +179,26 @@ def hostile(repo, binary, lmulti, lbin):
     xgb_edit("x_child_far", tree0("left_children", 0, 100000000))
     xgb_edit("x_feature_far", tree0("split_indices", 0, 900000))
     xgb_edit("x_tree_info", lambda m: m.__setitem__("tree_info", [7] * len(m["tree_info"])))
+    xgb_edit("x_parent", lambda m: m["trees"][0]["parents"].__setitem__(1, 1000000000))
+    xgb_edit("x_tree_id", lambda m: m["trees"][1].__setitem__("id", 0))
+
+    def categorical(m):
+        t = m["trees"][0]
+        t["split_type"][0], t["categories_nodes"], t["categories_segments"] = 1, [0], [0]
+        t["categories_sizes"], t["categories"] = [2], [3, -100000000]
+    xgb_edit("x_categorical", categorical)
+    # What XGBoost's reader and ferry's would read differently: a \u escape in a key (XGBoost
+    # keeps it as written), a key twice in UBJSON (XGBoost keeps the first).
+    text = saved(binary, "json").replace(b'"left_children"', b'"left\\u005fchildren"', 1)
+    write(repo, "x_escape", {"xgboost.json": text}, {"model_type": "xgboost_json"}, io=False)
+    import struct
+    ubj = saved(binary, "ubj")
+    key = b"L" + struct.pack(">q", 13) + b"left_children"
+    at = ubj.index(key) + len(key)  # a typed int32 array: [$l#L<count> then the values
+    count = struct.unpack(">q", ubj[at + 5:at + 13])[0]
+    value = ubj[at:at + 13] + struct.pack(">i", 100000000) + ubj[at + 17:at + 13 + 4 * count]
+    write(repo, "x_ubj_twice", {"xgboost.ubj": ubj[:at - len(key)] + key + value + ubj[at - len(key):]},
+          {"model_type": "xgboost_ubj"}, io=False)
     write(repo, "x_empty", {"xgboost.json": b""}, {"model_type": "xgboost_json"}, io=False)
     write(repo, "x_legacy", {"xgboost.model": b"\x00\x00\x00?binf\x01\x02"}, {}, io=False)
     text = lbin.model_to_string()
@@ -193,6 +213,10 @@ def hostile(repo, binary, lmulti, lbin):
         "l_cycle": no_sizes.replace(child_line, "left_child=0" + child_line[child_line.index(" "):], 1),
         "l_per_iteration": text.replace("num_tree_per_iteration=1", "num_tree_per_iteration=0", 1),
         "l_classes": lmulti.model_to_string().replace("num_class=4", "num_class=2", 1),
+        # A lone \r breaks a line for LightGBM; a blank line ends its tree.
+        "l_carriage": no_sizes.replace(child_line, child_line + "\rleft_child=100000000" + child_line[child_line.index(" "):], 1),
+        "l_after_blank": no_sizes.replace(child_line, "left_child=100000000" + child_line[child_line.index(" "):], 1)
+        .replace("\nTree=1", "\n" + child_line + "\n\nTree=1", 1),
     }.items():
         write(repo, name, {"model.txt": model.encode()}, {"model_type": "lightgbm"}, io=False)
     # Not regular files: a pipe would block the read forever, a device never ends.
@@ -211,12 +235,15 @@ def hostile(repo, binary, lmulti, lbin):
 
 
 HOSTILE = {
-    "x_cycle": "node 0 has children 0", "x_child_far": "children 100000000", "x_feature_far": "feature 900000",
+    "x_cycle": "tree 0: ", "x_child_far": "tree 0: ", "x_feature_far": "feature 900000",
     "x_tree_info": "tree_info names output 7", "x_empty": "is empty", "x_legacy": "old binary format",
     "l_half": "tree ",  # where the cut falls: an array shorter than its tree's leaves "l_feature_far": "feature 2000000000", "l_child_far": "node 100000000",
     "l_cycle": "twice", "l_per_iteration": "num_tree_per_iteration 0", "l_classes": "num_class is 2 and num_tree_per_iteration 4",
     "x_fifo": "not a regular file", "x_zero": "not a regular file",
     "x_proba_regression": "predict_proba needs a classifier",
+    "x_parent": "parent is 1000000000", "x_tree_id": "tree 1 says it is tree 0",
+    "x_categorical": "categorical splits are not served", "x_escape": "\\u escape",
+    "x_ubj_twice": "appears twice", "l_carriage": "appears twice", "l_after_blank": "a line between trees",
 }
 
 

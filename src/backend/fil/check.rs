@@ -94,15 +94,29 @@ impl<'de> Deserialize<'de> for Counted {
     }
 }
 
-/// A JSON array of numbers as float32 (a null, UBJSON's NaN, is NaN).
+/// A JSON array of numbers as float32 (a null, UBJSON's NaN, is NaN), and whether any was
+/// written so close to halfway between two float32s that reading it through float64 (as here)
+/// and straight to float32 (as XGBoost does) could differ.
 #[derive(Debug, Default)]
-struct Floats(Vec<f32>);
+struct Floats(Vec<f32>, bool);
 
 impl<'de> Deserialize<'de> for Floats {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let v: Vec<Option<f64>> = Vec::deserialize(d)?;
-        Ok(Floats(v.into_iter().map(|x| x.map_or(f32::NAN, |x| x as f32)).collect()))
+        let ambiguous = v.iter().flatten().any(|&x| halfway(x));
+        Ok(Floats(v.into_iter().map(|x| x.map_or(f32::NAN, |x| x as f32)).collect(), ambiguous))
     }
+}
+
+/// Whether `v` lies within a float64 rounding of the midpoint between two float32s.
+fn halfway(v: f64) -> bool {
+    let x = v as f32;
+    if !x.is_finite() || f64::from(x) == v {
+        return false;
+    }
+    let other = if v > f64::from(x) { x.next_up() } else { x.next_down() };
+    let mid = (f64::from(x) + f64::from(other)) / 2.0;
+    (v - mid).abs() <= 2.0 * f64::EPSILON * v.abs()
 }
 
 /// XGBoost's `default_left`: 0 and 1 (JSON, UBJSON), or booleans.
@@ -226,6 +240,15 @@ struct Tree {
     categories_segments: Vec<i64>,
     #[serde(default)]
     categories_sizes: Vec<i64>,
+    /// What XGBoost reads besides, unchecked: each must fit the nodes.
+    #[serde(default)]
+    parents: Option<Vec<i64>>,
+    #[serde(default)]
+    loss_changes: Option<Counted>,
+    #[serde(default)]
+    sum_hessian: Option<Counted>,
+    #[serde(default)]
+    id: Option<i64>,
 }
 
 /// What an XGBoost model file says, once checked.
@@ -254,11 +277,20 @@ fn base_score(v: Option<&serde_json::Value>) -> Option<Vec<f32>> {
 
 /// Checks an XGBoost model (JSON, or UBJSON when `ubj` allows it).
 pub fn xgboost(bytes: &[u8], ubj: bool) -> Result<XgbInfo, String> {
+    // XGBoost's JSON reader keeps `\u` escapes as they are where serde decodes them: a key one
+    // reads differently from the other is refused (XGBoost never writes one).
+    if looks_json(bytes) && bytes.windows(2).any(|w| w == b"\\u") {
+        return Err("the JSON holds a \\u escape, which XGBoost reads differently; save the model with XGBoost".into());
+    }
     let model: XgbModel = match serde_json::from_slice(bytes) {
         Ok(m) => m,
         Err(_) if ubj && !looks_json(bytes) => {
             let value = super::ubjson::parse(bytes).map_err(|e| {
-                format!("the file is neither JSON nor UBJSON ({e}); XGBoost 3 no longer reads its old binary format: load the model in XGBoost and save it as .json or .ubj")
+                if bytes.first() == Some(&b'{') {
+                    format!("not an XGBoost UBJSON model: {e}")
+                } else {
+                    format!("the file is neither JSON nor UBJSON ({e}); XGBoost 3 no longer reads its old binary format: load the model in XGBoost and save it as .json or .ubj")
+                }
             })?;
             serde_json::from_value(value).map_err(|e| format!("not an XGBoost model: {e}"))?
         }
@@ -310,8 +342,12 @@ pub fn xgboost(bytes: &[u8], ubj: bool) -> Result<XgbInfo, String> {
             }
             for (k, t) in forest.trees.iter().enumerate() {
                 xgb_tree(t, features).map_err(|e| format!("tree {k}: {e}"))?;
+                if t.id.is_some_and(|id| id != k as i64) {
+                    return Err(format!("tree {k} says it is tree {}", t.id.unwrap_or_default()));
+                }
             }
             let plain = weights.is_none()
+                && !forest.trees.iter().any(|t| t.split_conditions.1)
                 && p.num_target <= 1
                 && forest
                     .trees
@@ -363,6 +399,40 @@ fn xgb_tree(t: &Tree, features: u64) -> Result<(), String> {
     let n = usize::try_from(t.tree_param.num_nodes).map_err(|_| "too many nodes")?;
     if n == 0 {
         return Err("no nodes".into());
+    }
+    // Categorical splits and vector leaves (multi-target trees) are XGBoost's alone to read, and
+    // its reader trusts them: refused until ferry checks them too.
+    if t.split_type.iter().any(|&s| s != 0) || !t.categories_nodes.is_empty() || t.categories.0 > 0 {
+        return Err("categorical splits are not served by ferry yet (one-hot encode the feature)".into());
+    }
+    if t.tree_param.size_leaf_vector > 1 {
+        return Err("multi-target trees are not served by ferry yet".into());
+    }
+    for (key, len) in [
+        ("loss_changes", t.loss_changes.as_ref().map(|c| c.0)),
+        ("sum_hessian", t.sum_hessian.as_ref().map(|c| c.0)),
+        ("base_weights", Some(t.base_weights.0)),
+    ] {
+        if len.is_some_and(|l| l != n) {
+            return Err(format!("{key} has {} entries for {n} nodes", len.unwrap_or_default()));
+        }
+    }
+    if let Some(parents) = &t.parents {
+        if parents.len() != n {
+            return Err(format!("parents has {} entries for {n} nodes", parents.len()));
+        }
+        // The root's parent is XGBoost's invalid id; every other node's is the node naming it.
+        for (i, &p) in parents.iter().enumerate().skip(1) {
+            let named = usize::try_from(p).ok().filter(|&p| p < n).is_some_and(|p| {
+                t.left_children.get(p) == Some(&(i as i64)) || t.right_children.get(p) == Some(&(i as i64))
+            });
+            if !named {
+                return Err(format!("node {i}'s parent is {p}, which does not name it"));
+            }
+        }
+        if !matches!(parents[0], -1 | 2147483647) {
+            return Err(format!("the root's parent is {}", parents[0]));
+        }
     }
     let leaf_vector = t.tree_param.size_leaf_vector.max(1) as usize;
     let sizes = [
@@ -432,32 +502,68 @@ pub fn lightgbm(bytes: Vec<u8>) -> Result<LgbInfo, String> {
     if text.contains('\0') {
         return Err("the model holds a NUL byte".into());
     }
+    // LightGBM's reader and this one must see the same model, so the text LightGBM gets is
+    // written here from what was checked: lines broken at '\n' and '\r' (as LightGBM breaks
+    // them), no key twice, a tree ending at its blank line, nothing after `end of trees`.
     let mut header: std::collections::HashMap<&str, &str> = Default::default();
+    let mut header_lines: Vec<&str> = Vec::new();
     let mut trees: Vec<std::collections::HashMap<&str, &str>> = Vec::new();
-    let mut kept = String::with_capacity(text.len());
-    for line in text.lines() {
-        if line.starts_with("tree_sizes=") {
-            continue;
-        }
-        kept.push_str(line);
-        kept.push('\n');
+    let mut tree_lines: Vec<Vec<&str>> = Vec::new();
+    let mut open = false;
+    for line in text.split(['\n', '\r']) {
         if line.starts_with("end of trees") {
             break;
         }
-        let Some((k, v)) = line.split_once('=') else { continue };
-        if k == "Tree" {
+        if line.trim().is_empty() {
+            open = false;
+            continue;
+        }
+        if let Some(k) = line.strip_prefix("Tree=") {
+            if k.trim() != trees.len().to_string() {
+                return Err(format!("tree {} is numbered '{}'", trees.len(), k.trim()));
+            }
             trees.push(Default::default());
-        } else if let Some(t) = trees.last_mut() {
-            t.insert(k, v);
-        } else {
-            header.insert(k, v);
+            tree_lines.push(Vec::new());
+            open = true;
+            continue;
+        }
+        if !trees.is_empty() && !open {
+            return Err(format!("a line between trees: '{}'", line.chars().take(40).collect::<String>()));
+        }
+        if line.starts_with("tree_sizes=") && trees.is_empty() {
+            continue;
+        }
+        let (map, lines) = match (trees.last_mut(), tree_lines.last_mut()) {
+            (Some(t), Some(l)) => (t, l),
+            _ => (&mut header, &mut header_lines),
+        };
+        if let Some((k, _)) = line.split_once('=').filter(|(k, v)| map.insert(k, v).is_some()) {
+            return Err(format!("'{k}' appears twice"));
+        }
+        if open && !line.contains('=') {
+            return Err(format!("a tree holds the line '{}'", line.chars().take(40).collect::<String>()));
+        }
+        lines.push(line);
+        // LightGBM reads a tree's first 22 lines and no more.
+        if open && lines.len() > 22 {
+            return Err(format!("tree {} has more than 22 lines", trees.len() - 1));
         }
     }
-    // The rest (feature importances, parameters) is LightGBM's own, kept as it is.
-    if let Some(at) = text.find("end of trees") {
-        let after = &text[at..];
-        kept.push_str(after.split_once('\n').map_or("", |(_, rest)| rest));
+    let mut kept = String::with_capacity(text.len());
+    for line in &header_lines {
+        kept.push_str(line);
+        kept.push('\n');
     }
+    kept.push('\n');
+    for (k, lines) in tree_lines.iter().enumerate() {
+        kept.push_str(&format!("Tree={k}\n"));
+        for line in lines {
+            kept.push_str(line);
+            kept.push('\n');
+        }
+        kept.push('\n');
+    }
+    kept.push_str("end of trees\n");
     let get = |k: &str| header.get(k).map(|v| v.trim()).ok_or_else(|| format!("the model has no {k}"));
     let int = |k: &str| get(k)?.parse::<i64>().map_err(|_| format!("{k} is not an integer"));
     let classes = int("num_class")?;
@@ -581,7 +687,26 @@ mod tests {
     fn a_lightgbm_model_is_checked_and_loses_its_tree_sizes() {
         let info = lightgbm(lgb(GOOD).into_bytes()).unwrap();
         assert_eq!(info.objective, "binary");
-        assert!(!info.text.contains("tree_sizes") && info.text.contains("end of parameters"));
+        assert!(!info.text.contains("tree_sizes") && info.text.ends_with("end of trees\n"));
+        assert!(
+            lightgbm(
+                lgb(GOOD)
+                    .replace("shrinkage", "x")
+                    .replace("leaf_value=0.1 0.2 0.3\n", "leaf_value=0.1 0.2 0.3\rleft_child=0 -1\n")
+                    .into_bytes()
+            )
+            .unwrap_err()
+            .contains("twice")
+        );
+        assert!(
+            lightgbm(
+                lgb(GOOD)
+                    .replace("leaf_value=0.1 0.2 0.3\n", "leaf_value=0.1 0.2 0.3\n\nleft_child=0 -1\n")
+                    .into_bytes()
+            )
+            .unwrap_err()
+            .contains("between trees")
+        );
         for (bad, want) in [
             (GOOD.replace("split_feature=0 2", "split_feature=0 2000000000"), "feature 2000000000"),
             (GOOD.replace("left_child=1 -1", "left_child=0 -1"), "twice"),
@@ -611,6 +736,13 @@ mod tests {
         serde_json::json!({"tree_param": {"num_nodes": n.to_string(), "size_leaf_vector": "1"},
             "left_children": left, "right_children": right, "split_indices": split,
             "split_conditions": vec![0.0; n], "default_left": vec![0; n], "base_weights": vec![0.0; n]})
+    }
+
+    #[test]
+    fn a_number_written_halfway_between_two_float32s_is_found() {
+        assert!(!halfway(0.75) && !halfway(0.1) && !halfway(-2.5e-3));
+        // 0.75 + 2^-25 is halfway between 0.75 and the next float32 up; a hair above it, too.
+        assert!(halfway(0.75 + 2f64.powi(-25)) && halfway(0.75 + 2f64.powi(-25) + 2f64.powi(-52)));
     }
 
     #[test]

@@ -105,7 +105,8 @@ impl NativeForest {
                 feature: if leaf { 0 } else { feature[i] as u32 },
                 left: if leaf { LEAF } else { first + left[i] as u32 },
                 right: if leaf { LEAF } else { first + right[i] as u32 },
-                default_left: default_left[i] != 0,
+                // XGBoost reads the flag as true only when it is 1.
+                default_left: default_left[i] == 1,
                 value: value[i],
             });
         }

@@ -6,7 +6,7 @@ use serde_json::{Map, Number, Value};
 const MAX_DEPTH: usize = 64;
 
 pub fn parse(bytes: &[u8]) -> Result<Value, String> {
-    let mut r = Reader { bytes, at: 0 };
+    let mut r = Reader { bytes, at: 0, budget: bytes.len() };
     let marker = r.byte()?;
     let v = r.value(marker, 0)?;
     if r.at != bytes.len() {
@@ -18,6 +18,8 @@ pub fn parse(bytes: &[u8]) -> Result<Value, String> {
 struct Reader<'a> {
     bytes: &'a [u8],
     at: usize,
+    /// Values still to be made: no more than the file has bytes, whatever its counts say.
+    budget: usize,
 }
 
 impl Reader<'_> {
@@ -71,6 +73,7 @@ impl Reader<'_> {
         if depth > MAX_DEPTH {
             return Err("UBJSON: nested too deep".into());
         }
+        self.budget = self.budget.checked_sub(1).ok_or("UBJSON: more values than the file has bytes")?;
         Ok(match marker {
             b'Z' => Value::Null,
             b'T' => Value::Bool(true),
@@ -90,7 +93,17 @@ impl Reader<'_> {
                 }
             }
             b'[' => Value::Array(self.container(depth, false)?.into_iter().map(|(_, v)| v).collect()),
-            b'{' => Value::Object(self.container(depth, true)?.into_iter().collect::<Map<String, Value>>()),
+            b'{' => {
+                // XGBoost keeps a key's first value, a map its last: a key twice is refused.
+                let mut map = Map::new();
+                for (k, v) in self.container(depth, true)? {
+                    if map.contains_key(&k) {
+                        return Err(format!("UBJSON: key '{k}' appears twice"));
+                    }
+                    map.insert(k, v);
+                }
+                Value::Object(map)
+            }
             m => return Err(format!("UBJSON: unknown marker {:?}", m as char)),
         })
     }
@@ -130,18 +143,11 @@ impl Reader<'_> {
         Ok(out)
     }
 
-    /// A container's element count, no more than the bytes left hold (a typed container of
-    /// nulls or booleans holds no bytes per element: bounded on its own).
+    /// A container's element count, no more than the bytes left hold (each element becomes a
+    /// value in memory, so one of no bytes, a typed null or boolean, counts as one).
     fn elements(&mut self, typed: Option<u8>) -> Result<usize, String> {
         let marker = self.byte()?;
         let each = match typed {
-            Some(b'T' | b'F' | b'Z') => {
-                let n = self.int(marker)?;
-                return usize::try_from(n)
-                    .ok()
-                    .filter(|&n| n <= 1 << 24)
-                    .ok_or_else(|| format!("UBJSON: {n} elements"));
-            }
             Some(b'I') => 2,
             Some(b'l' | b'd') => 4,
             Some(b'L' | b'D') => 8,
@@ -178,6 +184,13 @@ mod tests {
         assert!(parse(&[b'[', b'i', 1]).is_err());
         assert!(parse(&[]).is_err());
         assert!(parse(&[b'S', b'i', 100, b'a']).is_err());
+        // Typed nulls take no bytes: their count is bounded all the same.
+        let mut nulls = vec![b'['];
+        nulls.extend([b'[', b'$', b'Z', b'#', b'l', 0, 0, 0, 20]);
+        nulls.extend([b'[', b'$', b'Z', b'#', b'l', 0, 0, 0, 11]);
+        nulls.extend([b'Z'; 10]);
+        nulls.push(b']');
+        assert!(parse(&nulls).unwrap_err().contains("more values"), "{:?}", parse(&nulls));
         let deep: Vec<u8> = std::iter::repeat_n(b'[', 200).collect();
         assert!(parse(&deep).unwrap_err().contains("deep"));
     }
