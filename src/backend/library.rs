@@ -4,6 +4,7 @@
 use std::{
     path::{Path, PathBuf},
     process::Command,
+    sync::{Arc, OnceLock},
 };
 
 /// A framework's library and where to look for it.
@@ -84,6 +85,37 @@ pub fn locate(framework: &Framework, configured: Option<&Path>) -> Result<Locate
         package = framework.package,
     ))
 }
+
+/// A framework loaded once, at the first model needing it; a failure is kept and given to every
+/// later model too (the library does not appear while the server runs).
+pub type Loaded<T> = OnceLock<Result<Arc<T>, String>>;
+
+/// What `cell` holds, or the framework found (`locate`) and made by `load` from its path.
+pub fn load_once<T>(
+    cell: &Loaded<T>,
+    framework: &Framework,
+    configured: Option<&Path>,
+    load: impl FnOnce(&Path) -> Result<T, String>,
+) -> Result<Arc<T>, String> {
+    cell.get_or_init(|| {
+        let located = locate(framework, configured)?;
+        tracing::info!(path = %located.path.display(), source = located.source, "loading {}", framework.name);
+        load(&located.path).map(Arc::new)
+    })
+    .clone()
+}
+
+/// One entry point of a library loaded at run time, as the field's function type (`$lib` a
+/// `libloading::Library`), or an error naming the library and the symbol; used inside a function
+/// returning `Result<_, String>`.
+macro_rules! symbol {
+    ($lib:expr, $framework:literal, $name:literal) => {
+        // SAFETY: each field's type is the function's C signature in the framework's C header.
+        *unsafe { $lib.get(concat!($name, "\0").as_bytes()) }
+            .map_err(|e| format!("the {} library has no {}: {e}", $framework, $name))?
+    };
+}
+pub(crate) use symbol;
 
 /// A file is taken as is; a directory is searched for the library.
 fn in_place(framework: &Framework, path: &Path) -> Option<PathBuf> {

@@ -7,6 +7,7 @@ use std::{
 };
 
 use super::Forest;
+use crate::backend::library::symbol;
 
 type Handle = *mut c_void;
 
@@ -43,29 +44,21 @@ pub struct Api {
     _library: libloading::Library,
 }
 
-macro_rules! entry {
-    ($lib:expr, $name:literal) => {
-        // SAFETY: the field's type is the function's C signature in LightGBM's c_api.h.
-        *unsafe { $lib.get(concat!($name, "\0").as_bytes()) }
-            .map_err(|e| format!("the LightGBM library has no {}: {e}", $name))?
-    };
-}
-
 impl Api {
     pub fn load(path: &Path) -> Result<Api, String> {
         // SAFETY: loading runs the library's initialisers; LightGBM's are plain C++ statics.
         let lib = unsafe { libloading::Library::new(path) }
             .map_err(|e| format!("cannot load LightGBM from '{}': {e}", path.display()))?;
         Ok(Api {
-            last_error: entry!(lib, "LGBM_GetLastError"),
-            from_string: entry!(lib, "LGBM_BoosterLoadModelFromString"),
-            free: entry!(lib, "LGBM_BoosterFree"),
-            num_classes: entry!(lib, "LGBM_BoosterGetNumClasses"),
-            num_feature: entry!(lib, "LGBM_BoosterGetNumFeature"),
-            predict_mat: entry!(lib, "LGBM_BoosterPredictForMat"),
-            row_init: entry!(lib, "LGBM_BoosterPredictForMatSingleRowFastInit"),
-            row_predict: entry!(lib, "LGBM_BoosterPredictForMatSingleRowFast"),
-            fast_free: entry!(lib, "LGBM_FastConfigFree"),
+            last_error: symbol!(lib, "LightGBM", "LGBM_GetLastError"),
+            from_string: symbol!(lib, "LightGBM", "LGBM_BoosterLoadModelFromString"),
+            free: symbol!(lib, "LightGBM", "LGBM_BoosterFree"),
+            num_classes: symbol!(lib, "LightGBM", "LGBM_BoosterGetNumClasses"),
+            num_feature: symbol!(lib, "LightGBM", "LGBM_BoosterGetNumFeature"),
+            predict_mat: symbol!(lib, "LightGBM", "LGBM_BoosterPredictForMat"),
+            row_init: symbol!(lib, "LightGBM", "LGBM_BoosterPredictForMatSingleRowFastInit"),
+            row_predict: symbol!(lib, "LightGBM", "LGBM_BoosterPredictForMatSingleRowFast"),
+            fast_free: symbol!(lib, "LightGBM", "LGBM_FastConfigFree"),
             _library: lib,
         })
     }

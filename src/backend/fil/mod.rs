@@ -67,8 +67,8 @@ const NO_EFFECT: &[&str] = &[
 pub struct FilBackend {
     xgboost_library: Option<PathBuf>,
     lightgbm_library: Option<PathBuf>,
-    xgboost: OnceLock<std::result::Result<Arc<xgboost::Api>, String>>,
-    lightgbm: OnceLock<std::result::Result<Arc<lightgbm::Api>, String>>,
+    xgboost: library::Loaded<xgboost::Api>,
+    lightgbm: library::Loaded<lightgbm::Api>,
 }
 
 impl FilBackend {
@@ -78,32 +78,25 @@ impl FilBackend {
     }
 
     fn xgboost(&self) -> Result<Arc<xgboost::Api>> {
-        let api = self.xgboost.get_or_init(|| {
-            let located = library::locate(&library::XGBOOST, self.xgboost_library.as_deref())?;
-            tracing::info!(path = %located.path.display(), source = located.source, "loading XGBoost");
-            xgboost::Api::load(&located.path).map(Arc::new)
-        });
-        api.clone().map_err(Error::unavailable)
+        library::load_once(&self.xgboost, &library::XGBOOST, self.xgboost_library.as_deref(), xgboost::Api::load)
+            .map_err(Error::unavailable)
     }
 
     fn lightgbm(&self) -> Result<Arc<lightgbm::Api>> {
-        let api = self.lightgbm.get_or_init(|| {
-            let located = library::locate(&library::LIGHTGBM, self.lightgbm_library.as_deref())?;
-            tracing::info!(path = %located.path.display(), source = located.source, "loading LightGBM");
-            lightgbm::Api::load(&located.path).map(Arc::new)
-        });
-        api.clone().map_err(Error::unavailable)
+        library::load_once(&self.lightgbm, &library::LIGHTGBM, self.lightgbm_library.as_deref(), lightgbm::Api::load)
+            .map_err(Error::unavailable)
     }
 
     fn forest(&self, path: &Path, config: &ModelConfig, device: Device, threads: usize) -> Result<Box<dyn Forest>> {
         let named = |e: String| Error::invalid(format!("model '{}': {e}", config.name));
-        match ModelType::of(config).map_err(Error::invalid)? {
+        let model_type = ModelType::of(config).map_err(Error::invalid)?;
+        match model_type {
             ModelType::Xgboost | ModelType::XgboostJson | ModelType::XgboostUbj => {
                 let gpu = match device {
                     Device::Gpu(g) => Some(g),
                     Device::Cpu => None,
                 };
-                let ubj = ModelType::of(config).map_err(Error::invalid)? != ModelType::XgboostJson;
+                let ubj = model_type != ModelType::XgboostJson;
                 let bytes = check::read(path).map_err(named)?;
                 let mut info = check::xgboost(&bytes, ubj).map_err(named)?;
                 let mut booster =

@@ -8,6 +8,7 @@ use std::{
 };
 
 use super::Forest;
+use crate::backend::library::symbol;
 
 type Handle = *mut c_void;
 
@@ -32,27 +33,19 @@ pub struct Api {
     _library: libloading::Library,
 }
 
-macro_rules! entry {
-    ($lib:expr, $name:literal) => {
-        // SAFETY: the field's type is the function's C signature in XGBoost's c_api.h.
-        *unsafe { $lib.get(concat!($name, "\0").as_bytes()) }
-            .map_err(|e| format!("the XGBoost library has no {}: {e}", $name))?
-    };
-}
-
 impl Api {
     pub fn load(path: &Path) -> Result<Api, String> {
         // SAFETY: loading runs the library's initialisers; XGBoost's are plain C++ statics.
         let lib = unsafe { libloading::Library::new(path) }
             .map_err(|e| format!("cannot load XGBoost from '{}': {e}", path.display()))?;
         Ok(Api {
-            last_error: entry!(lib, "XGBGetLastError"),
-            create: entry!(lib, "XGBoosterCreate"),
-            free: entry!(lib, "XGBoosterFree"),
-            load_buffer: entry!(lib, "XGBoosterLoadModelFromBuffer"),
-            set_param: entry!(lib, "XGBoosterSetParam"),
-            num_feature: entry!(lib, "XGBoosterGetNumFeature"),
-            predict_dense: entry!(lib, "XGBoosterPredictFromDense"),
+            last_error: symbol!(lib, "XGBoost", "XGBGetLastError"),
+            create: symbol!(lib, "XGBoost", "XGBoosterCreate"),
+            free: symbol!(lib, "XGBoost", "XGBoosterFree"),
+            load_buffer: symbol!(lib, "XGBoost", "XGBoosterLoadModelFromBuffer"),
+            set_param: symbol!(lib, "XGBoost", "XGBoosterSetParam"),
+            num_feature: symbol!(lib, "XGBoost", "XGBoosterGetNumFeature"),
+            predict_dense: symbol!(lib, "XGBoost", "XGBoosterPredictFromDense"),
             _library: lib,
         })
     }

@@ -6,7 +6,7 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use crate::tensor::DataType;
+use crate::{backend::library::symbol, tensor::DataType};
 
 type Handle = *mut c_void;
 
@@ -99,14 +99,6 @@ pub struct Api {
 unsafe impl Send for Api {}
 unsafe impl Sync for Api {}
 
-macro_rules! entry {
-    ($lib:expr, $name:literal) => {
-        // SAFETY: the field's type is the function's C signature in OpenVINO's C headers.
-        *unsafe { $lib.get(concat!($name, "\0").as_bytes()) }
-            .map_err(|e| format!("the OpenVINO library has no {}: {e}", $name))?
-    };
-}
-
 /// `ov_element_type_e`: OpenVINO 2025 counts from UNDEFINED = 0, DYNAMIC = 1, BOOLEAN = 2, ...;
 /// 2026 dropped UNDEFINED, so every value is one less. Told apart by the size of an F32.
 #[derive(Debug, Clone, Copy)]
@@ -147,41 +139,41 @@ impl Api {
         let lib = unsafe { libloading::Library::new(path) }
             .map_err(|e| format!("cannot load OpenVINO from '{}': {e}", path.display()))?;
         let mut api = Api {
-            get_version: entry!(lib, "ov_get_openvino_version"),
-            version_free: entry!(lib, "ov_version_free"),
-            last_error: entry!(lib, "ov_get_last_err_msg"),
-            error_info: entry!(lib, "ov_get_error_info"),
-            free_string: entry!(lib, "ov_free"),
-            core_create: entry!(lib, "ov_core_create"),
-            core_free: entry!(lib, "ov_core_free"),
-            read_model: entry!(lib, "ov_core_read_model"),
-            model_free: entry!(lib, "ov_model_free"),
-            model_inputs: entry!(lib, "ov_model_inputs_size"),
-            model_outputs: entry!(lib, "ov_model_outputs_size"),
-            model_input: entry!(lib, "ov_model_const_input_by_index"),
-            model_output: entry!(lib, "ov_model_const_output_by_index"),
-            reshape: entry!(lib, "ov_model_reshape_by_port_indexes"),
-            port_name: entry!(lib, "ov_port_get_any_name"),
-            port_type: entry!(lib, "ov_port_get_element_type"),
-            port_shape: entry!(lib, "ov_port_get_partial_shape"),
-            port_free: entry!(lib, "ov_output_const_port_free"),
-            partial_shape_free: entry!(lib, "ov_partial_shape_free"),
-            compile: entry!(lib, "ov_core_compile_model"),
-            compiled_free: entry!(lib, "ov_compiled_model_free"),
-            create_request: entry!(lib, "ov_compiled_model_create_infer_request"),
-            request_free: entry!(lib, "ov_infer_request_free"),
-            set_input: entry!(lib, "ov_infer_request_set_input_tensor_by_index"),
-            get_output: entry!(lib, "ov_infer_request_get_output_tensor_by_index"),
-            infer: entry!(lib, "ov_infer_request_infer"),
-            tensor_create: entry!(lib, "ov_tensor_create"),
-            tensor_from_host: entry!(lib, "ov_tensor_create_from_host_ptr"),
-            tensor_shape: entry!(lib, "ov_tensor_get_shape"),
-            tensor_type: entry!(lib, "ov_tensor_get_element_type"),
-            tensor_bytes: entry!(lib, "ov_tensor_get_byte_size"),
-            tensor_size: entry!(lib, "ov_tensor_get_size"),
-            tensor_data: entry!(lib, "ov_tensor_data"),
-            tensor_free: entry!(lib, "ov_tensor_free"),
-            shape_free: entry!(lib, "ov_shape_free"),
+            get_version: symbol!(lib, "OpenVINO", "ov_get_openvino_version"),
+            version_free: symbol!(lib, "OpenVINO", "ov_version_free"),
+            last_error: symbol!(lib, "OpenVINO", "ov_get_last_err_msg"),
+            error_info: symbol!(lib, "OpenVINO", "ov_get_error_info"),
+            free_string: symbol!(lib, "OpenVINO", "ov_free"),
+            core_create: symbol!(lib, "OpenVINO", "ov_core_create"),
+            core_free: symbol!(lib, "OpenVINO", "ov_core_free"),
+            read_model: symbol!(lib, "OpenVINO", "ov_core_read_model"),
+            model_free: symbol!(lib, "OpenVINO", "ov_model_free"),
+            model_inputs: symbol!(lib, "OpenVINO", "ov_model_inputs_size"),
+            model_outputs: symbol!(lib, "OpenVINO", "ov_model_outputs_size"),
+            model_input: symbol!(lib, "OpenVINO", "ov_model_const_input_by_index"),
+            model_output: symbol!(lib, "OpenVINO", "ov_model_const_output_by_index"),
+            reshape: symbol!(lib, "OpenVINO", "ov_model_reshape_by_port_indexes"),
+            port_name: symbol!(lib, "OpenVINO", "ov_port_get_any_name"),
+            port_type: symbol!(lib, "OpenVINO", "ov_port_get_element_type"),
+            port_shape: symbol!(lib, "OpenVINO", "ov_port_get_partial_shape"),
+            port_free: symbol!(lib, "OpenVINO", "ov_output_const_port_free"),
+            partial_shape_free: symbol!(lib, "OpenVINO", "ov_partial_shape_free"),
+            compile: symbol!(lib, "OpenVINO", "ov_core_compile_model"),
+            compiled_free: symbol!(lib, "OpenVINO", "ov_compiled_model_free"),
+            create_request: symbol!(lib, "OpenVINO", "ov_compiled_model_create_infer_request"),
+            request_free: symbol!(lib, "OpenVINO", "ov_infer_request_free"),
+            set_input: symbol!(lib, "OpenVINO", "ov_infer_request_set_input_tensor_by_index"),
+            get_output: symbol!(lib, "OpenVINO", "ov_infer_request_get_output_tensor_by_index"),
+            infer: symbol!(lib, "OpenVINO", "ov_infer_request_infer"),
+            tensor_create: symbol!(lib, "OpenVINO", "ov_tensor_create"),
+            tensor_from_host: symbol!(lib, "OpenVINO", "ov_tensor_create_from_host_ptr"),
+            tensor_shape: symbol!(lib, "OpenVINO", "ov_tensor_get_shape"),
+            tensor_type: symbol!(lib, "OpenVINO", "ov_tensor_get_element_type"),
+            tensor_bytes: symbol!(lib, "OpenVINO", "ov_tensor_get_byte_size"),
+            tensor_size: symbol!(lib, "OpenVINO", "ov_tensor_get_size"),
+            tensor_data: symbol!(lib, "OpenVINO", "ov_tensor_data"),
+            tensor_free: symbol!(lib, "OpenVINO", "ov_tensor_free"),
+            shape_free: symbol!(lib, "OpenVINO", "ov_shape_free"),
             types: ElementTypes { offset: 0 },
             errors: Mutex::new(()),
             version: String::new(),
@@ -315,11 +307,11 @@ impl Drop for Core {
 }
 
 impl Core {
-    pub fn new(api: Arc<Api>) -> Result<Arc<Core>, String> {
+    pub fn new(api: Arc<Api>) -> Result<Core, String> {
         let mut handle: Handle = std::ptr::null_mut();
         // SAFETY: `handle` receives the core.
         api.guarded("creating a core", || unsafe { (api.core_create)(&mut handle) })?;
-        Ok(Arc::new(Core { api, handle }))
+        Ok(Core { api, handle })
     }
 
     /// Reads a model (IR `.xml` with its `.bin` beside, ONNX, a TensorFlow SavedModel folder,

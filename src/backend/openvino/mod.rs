@@ -30,18 +30,17 @@ use params::Params;
 /// OpenVINO's library and core, made once, at the first model needing them.
 struct Shared {
     library: Option<PathBuf>,
-    core: OnceLock<std::result::Result<Arc<Core>, String>>,
+    core: library::Loaded<Core>,
 }
 
 impl Shared {
     fn core(&self) -> Result<Arc<Core>> {
-        let core = self.core.get_or_init(|| {
-            let located = library::locate(&library::OPENVINO, self.library.as_deref())?;
-            let api = ffi::Api::load(&located.path)?;
-            tracing::info!(path = %located.path.display(), source = located.source, version = %api.version, "loading OpenVINO");
+        library::load_once(&self.core, &library::OPENVINO, self.library.as_deref(), |path| {
+            let api = ffi::Api::load(path)?;
+            tracing::info!(version = %api.version, "OpenVINO loaded");
             Core::new(Arc::new(api))
-        });
-        core.clone().map_err(Error::unavailable)
+        })
+        .map_err(Error::unavailable)
     }
 }
 
