@@ -382,7 +382,7 @@ def test_failures_stay_with_their_model(server):
         assert f"'{name}'" in reason or name in reason, (name, reason)
     assert "not an XGBoost JSON model" in reasons["corrupt"], reasons["corrupt"]
     assert "num_class is not an integer" in reasons["lgb_corrupt"], reasons["lgb_corrupt"]
-    assert "treelite_checkpoint is not served" in reasons["treelite"]
+    assert "written by Treelite 0.0.0; ferry reads Treelite 4" in reasons["treelite"], reasons["treelite"]
     assert "model_type is 'catboost'" in reasons["bad_type"]
     assert "output__0" in reasons["wrong_width"] and "3" in reasons["wrong_width"], reasons["wrong_width"]
     assert "treeshap_output" in reasons["shap"]

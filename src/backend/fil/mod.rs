@@ -1,7 +1,8 @@
 //! Tree models as Triton's FIL backend takes them (`backend: "fil"`): XGBoost (JSON, UBJSON) and
 //! LightGBM (text) forests, checked by ferry (`check`), then run by the framework's own predictor
 //! through its C API, loaded at run time like ONNX Runtime (`backend::library`), so the outputs
-//! are the framework's own. One input `input__0` (FP32, `[batch, features]`), one output
+//! are the framework's own; Treelite checkpoints, read and evaluated by ferry as Treelite's
+//! reference predictor does (`treelite`). One input `input__0` (FP32, `[batch, features]`), one output
 //! `output__0`: class scores, class probabilities (`predict_proba`), or class ids
 //! (`output_class`, with `threshold` for binary models), as FIL gives them.
 use std::{
@@ -23,6 +24,7 @@ mod check;
 mod lightgbm;
 mod native;
 mod output;
+mod treelite;
 mod ubjson;
 mod xgboost;
 
@@ -46,6 +48,10 @@ trait Forest: Send {
     fn gives_classes(&self) -> bool;
     /// Whether the values are class probabilities (a classifier's objective).
     fn gives_probabilities(&self) -> bool;
+    /// Outputs the model predicts, each of `width() / targets()` values (a multi-target model).
+    fn targets(&self) -> usize {
+        1
+    }
     fn predict(&mut self, data: &[f32], rows: usize, out: &mut Vec<f32>) -> std::result::Result<(), String>;
 }
 
@@ -125,11 +131,15 @@ impl FilBackend {
                 let info = check::lightgbm(check::read(path).map_err(named)?).map_err(named)?;
                 Ok(Box::new(lightgbm::Booster::load(self.lightgbm()?, &info, path, threads).map_err(named)?))
             }
-            ModelType::TreeliteCheckpoint => Err(Error::unsupported(format!(
-                "model '{}': model_type treelite_checkpoint is not served by ferry; save the model in its own \
-                 framework's format (XGBoost JSON or UBJSON, LightGBM text) and name that model_type",
-                config.name
-            ))),
+            ModelType::TreeliteCheckpoint => {
+                if let Device::Gpu(_) = device {
+                    return Err(Error::unsupported(format!(
+                        "model '{}': treelite_checkpoint models run on the CPU in ferry; use instance_group kind KIND_CPU",
+                        config.name
+                    )));
+                }
+                Ok(Box::new(treelite::read(&check::read(path).map_err(named)?).map_err(named)?))
+            }
         }
     }
 }

@@ -28,6 +28,14 @@ impl Output {
             }
         };
         let classifier = flag("output_class")? || flag("is_classifier")?;
+        if (classifier || flag("predict_proba")?) && forest.targets() > 1 {
+            return Err(format!(
+                "model '{}': output_class and predict_proba take a model of one target; this one predicts {} \
+                 (its output__0 holds each target's values, as the model gives them)",
+                config.name,
+                forest.targets()
+            ));
+        }
         let threshold =
             match param("threshold") {
                 None | Some("") => 0.5,
