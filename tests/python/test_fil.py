@@ -1,11 +1,13 @@
 """Tree models (`backend: "fil"`) through the real server, on the XGBoost and LightGBM libraries of
 their PyPI packages: XGBoost binary (JSON, UBJSON), multi-class, regression (the default
 `model_type` and file) and LightGBM binary and multi-class models, each compared with the same
-model's in-process prediction over HTTP (binary and JSON) and gRPC; `predict_proba`,
+model's in-process prediction over HTTP (binary and JSON) and gRPC, and an XGBoost model with
+categorical splits; `predict_proba`,
 `output_class` and `threshold` as FIL gives them; inputs and outputs auto-completed; batches formed
 under concurrency; a wrong feature count or datatype answered 400; a corrupt file, treelite and a
 missing library failing only their own model; an ensemble of an XGBoost and a LightGBM model,
 warm-up and two instances."""
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -59,6 +61,11 @@ BINARY_Y = (TRAIN[:, 0] + TRAIN[:, 1] * TRAIN[:, 2] > 0).astype(np.float32)
 MULTI_Y = np.digitize(TRAIN[:, 0] + TRAIN[:, 3], [-0.7, 0.7]).astype(np.float32)  # 3 classes
 REG_Y = (2 * TRAIN[:, 0] - TRAIN[:, 4] ** 2).astype(np.float32)
 QUAD_Y = np.digitize(TRAIN[:, 1] - TRAIN[:, 5], [-1, 0, 1]).astype(np.float32)  # 4 classes
+CAT_TRAIN = TRAIN.copy()
+CAT_TRAIN[:, 5] = RNG.integers(0, 7, size=len(TRAIN))
+CAT_Y = ((CAT_TRAIN[:, 5] % 3 == 0) ^ (CAT_TRAIN[:, 0] > 0)).astype(np.float32)
+CAT_ROWS = ROWS.copy()
+CAT_ROWS[:, 5] = np.arange(len(ROWS)) % 9 - 1.0  # each category, an unseen one, and a negative one
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +125,14 @@ model_warmup [{{ name: "w" batch_size: 4
     write(repo, "lgb_multi_class", {"model.txt": lmulti.model_to_string().encode()},
           {"model_type": "lightgbm", "output_class": "true"})
 
+    # Categorical splits (XGBoost's own, trained with enable_categorical), predicted by XGBoost.
+    cat_booster = xgb.train({"objective": "binary:logistic", "max_depth": 4, "max_cat_to_onehot": 1},
+                            xgb.DMatrix(CAT_TRAIN, label=CAT_Y, enable_categorical=True,
+                                        feature_types=["q"] * 5 + ["c"] + ["q"] * 2), num_boost_round=15)
+    assert 1 in json.loads(saved(cat_booster, "json"))["learner"]["gradient_booster"]["model"]["trees"][0]["split_type"]
+    expected["xgb_categorical"] = cat_booster.inplace_predict(CAT_ROWS).reshape(-1, 1)
+    write(repo, "xgb_categorical", {"xgboost.ubj": saved(cat_booster, "ubj")}, {"model_type": "xgboost_ubj"})
+
     # Without a batch dimension, and any row width in the config: the backend checks the width.
     write(repo, "xgb_nobatch", {"xgboost.json": saved(binary, "json")}, {"model_type": "xgboost_json"}, io=False,
           max_batch_size=0, extra='input [{ name: "input__0" data_type: TYPE_FP32 dims: [ -1, -1 ] }]\n')
@@ -146,7 +161,6 @@ ensemble_scheduling {{ step [
     write(repo, "corrupt", {"xgboost.json": b'{"learner": {"gradient_booster": 17'}, {"model_type": "xgboost_json"})
     write(repo, "lgb_corrupt", {"model.txt": b"tree\nversion=v4\nnum_class=banana\n"}, {"model_type": "lightgbm"})
     # A model file is untrusted: what it declares sizes every prediction's buffers.
-    import json
     for name, key, value in (("many_features", "num_feature", "4000000000"), ("many_classes", "num_class", "1000000000")):
         doc = json.loads(saved(multi, "json"))
         doc["learner"]["learner_model_param"][key] = value
@@ -164,7 +178,6 @@ ensemble_scheduling {{ step [
 
 def hostile(repo, binary, lmulti, lbin):
     """Model files that crash or hang the frameworks' own readers, each a model of its own."""
-    import json
     doc = json.loads(saved(binary, "json"))
 
     def xgb_edit(name, edit):
@@ -187,6 +200,19 @@ def hostile(repo, binary, lmulti, lbin):
         t["split_type"][0], t["categories_nodes"], t["categories_segments"] = 1, [0], [0]
         t["categories_sizes"], t["categories"] = [2], [3, -100000000]
     xgb_edit("x_categorical", categorical)
+
+    def categories(nodes, sizes, cats):
+        def edit(m):
+            t = m["trees"][0]
+            for i in nodes:
+                t["split_type"][i] = 1
+            t["categories_nodes"], t["categories_segments"] = nodes, [0] * len(nodes)
+            t["categories_sizes"], t["categories"] = sizes, cats
+        return edit
+    # A bitset XGBoost would size from the largest category; splits listed out of order; none.
+    xgb_edit("x_category_far", categories([0], [2], [1, 2 ** 30]))
+    xgb_edit("x_category_order", categories([2, 0], [1, 1], [1]))
+    xgb_edit("x_category_none", categories([0], [0], []))
     # What XGBoost's reader and ferry's would read differently: a \u escape in a key (XGBoost
     # keeps it as written), a key twice in UBJSON (XGBoost keeps the first).
     text = saved(binary, "json").replace(b'"left_children"', b'"left\\u005fchildren"', 1)
@@ -242,7 +268,8 @@ HOSTILE = {
     "x_fifo": "not a regular file", "x_zero": "not a regular file",
     "x_proba_regression": "predict_proba needs a classifier",
     "x_parent": "parent is 1000000000", "x_tree_id": "tree 1 says it is tree 0",
-    "x_categorical": "categorical splits are not served", "x_escape": "\\u escape",
+    "x_categorical": "node 0 splits on category -100000000", "x_category_far": "splits on category 1073741824",
+    "x_category_order": "but the categorical splits are nodes", "x_category_none": "outside the categories (0 + 0)", "x_escape": "\\u escape",
     "x_ubj_twice": "appears twice", "l_carriage": "appears twice", "l_after_blank": "a line between trees",
 }
 
@@ -277,7 +304,7 @@ def expected(made):
 
 
 SERVED = ["xgb_binary", "xgb_proba", "xgb_class", "xgb_multi", "xgb_multi_class", "xgb_softmax", "xgb_reg",
-          "lgb_proba", "lgb_multi", "lgb_multi_class", "xgb_nobatch"]
+          "lgb_proba", "lgb_multi", "lgb_multi_class", "xgb_nobatch", "xgb_categorical"]
 
 
 def http_infer(server, model, x, binary=True):
@@ -297,12 +324,12 @@ def grpc_infer(server, model, x):
 
 @pytest.mark.parametrize("model", SERVED)
 def test_outputs_equal_the_frameworks_own_prediction(server, expected, model):
-    want = expected[model]
-    np.testing.assert_allclose(http_infer(server, model, ROWS), want, rtol=1e-5, atol=1e-6)
+    want, rows = expected[model], CAT_ROWS if model == "xgb_categorical" else ROWS
+    np.testing.assert_allclose(http_infer(server, model, rows), want, rtol=1e-5, atol=1e-6)
     # JSON carries no NaN: the JSON request leaves out the row with a missing value.
-    np.testing.assert_allclose(http_infer(server, model, ROWS[4:], binary=False), want[4:], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(grpc_infer(server, model, ROWS[:1]), want[:1], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(grpc_infer(server, model, ROWS[3:4]), want[3:4], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(http_infer(server, model, rows[4:], binary=False), want[4:], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grpc_infer(server, model, rows[:1]), want[:1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grpc_infer(server, model, rows[3:4]), want[3:4], rtol=1e-5, atol=1e-6)
 
 
 def test_an_ensemble_runs_both_frameworks(server, expected):

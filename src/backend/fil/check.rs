@@ -9,6 +9,8 @@ use super::{MAX_CLASSES, MAX_FEATURES};
 
 /// Largest model file read (it is read whole, and checked in memory).
 pub const MAX_MODEL_BYTES: u64 = 1 << 30;
+/// Most 32-bit words of category bitsets XGBoost may make for one model's categorical splits.
+const MAX_CATEGORY_WORDS: usize = 1 << 24;
 
 /// A model file's bytes: a regular file (not a pipe or a device), of bounded size, not empty.
 pub fn read(path: &std::path::Path) -> Result<Vec<u8>, String> {
@@ -233,7 +235,7 @@ struct Tree {
     #[serde(default)]
     split_type: Vec<i64>,
     #[serde(default)]
-    categories: Counted,
+    categories: Vec<i64>,
     #[serde(default)]
     categories_nodes: Vec<i64>,
     #[serde(default)]
@@ -340,8 +342,15 @@ pub fn xgboost(bytes: &[u8], ubj: bool) -> Result<XgbInfo, String> {
                     return Err(format!("iteration_indptr does not divide the {n} trees into rounds"));
                 }
             }
+            let mut words = 0usize;
             for (k, t) in forest.trees.iter().enumerate() {
-                xgb_tree(t, features).map_err(|e| format!("tree {k}: {e}"))?;
+                words += xgb_tree(t, features).map_err(|e| format!("tree {k}: {e}"))?;
+                if words > MAX_CATEGORY_WORDS {
+                    return Err(format!(
+                        "the categorical splits up to tree {k} need more than {} MiB of category bitsets",
+                        (MAX_CATEGORY_WORDS * 4) >> 20
+                    ));
+                }
                 if t.id.is_some_and(|id| id != k as i64) {
                     return Err(format!("tree {k} says it is tree {}", t.id.unwrap_or_default()));
                 }
@@ -395,15 +404,14 @@ fn looks_json(bytes: &[u8]) -> bool {
     rest.next() == Some(&b'{') && rest.next().is_some_and(|b| *b == b'"' || b.is_ascii_whitespace() || *b == b'}')
 }
 
-fn xgb_tree(t: &Tree, features: u64) -> Result<(), String> {
+/// Checks one tree; returns the words of its categorical bitsets.
+fn xgb_tree(t: &Tree, features: u64) -> Result<usize, String> {
     let n = usize::try_from(t.tree_param.num_nodes).map_err(|_| "too many nodes")?;
     if n == 0 {
         return Err("no nodes".into());
     }
-    // Categorical splits and vector leaves (multi-target trees) are XGBoost's alone to read, and
-    // its reader trusts them: refused until ferry checks them too.
-    if t.split_type.iter().any(|&s| s != 0) || !t.categories_nodes.is_empty() || t.categories.0 > 0 {
-        return Err("categorical splits are not served by ferry yet (one-hot encode the feature)".into());
+    if let Some(s) = t.split_type.iter().find(|&&s| s != 0 && s != 1) {
+        return Err(format!("split type {s}; XGBoost's are 0 (numeric) and 1 (categorical)"));
     }
     if t.tree_param.size_leaf_vector > 1 {
         return Err("multi-target trees are not served by ferry yet".into());
@@ -466,20 +474,47 @@ fn xgb_tree(t: &Tree, features: u64) -> Result<(), String> {
         let (l, r) = (t.left_children[i], t.right_children[i]);
         (l >= 0).then_some((Child::Node(l as usize), Child::Node(r as usize)))
     })?;
+    categorical(t)
+}
+
+/// Most categories one categorical split may name (XGBoost sizes a bitset from the largest).
+const MAX_CATEGORY: i64 = 1 << 24;
+
+/// Checks a tree's categorical splits as XGBoost's reader takes them: `categories_nodes` lists the
+/// categorical nodes in order, each with a non-empty run of `categories` (segment, size) of
+/// categories from 0 to `MAX_CATEGORY`. Returns the 32-bit words of the bitsets XGBoost makes.
+fn categorical(t: &Tree) -> Result<usize, String> {
     let cat = (&t.categories_nodes, &t.categories_segments, &t.categories_sizes);
     if cat.0.len() != cat.1.len() || cat.0.len() != cat.2.len() {
         return Err("categorical arrays of different lengths".into());
     }
+    let splits: Vec<i64> = t.split_type.iter().enumerate().filter(|(_, s)| **s == 1).map(|(i, _)| i as i64).collect();
+    if splits != *cat.0 {
+        return Err(format!(
+            "categories_nodes is {:?}, but the categorical splits are nodes {:?}",
+            &cat.0[..cat.0.len().min(8)],
+            &splits[..splits.len().min(8)]
+        ));
+    }
+    let mut words = 0usize;
     for ((&node, &seg), &size) in cat.0.iter().zip(cat.1).zip(cat.2) {
+        if t.left_children[node as usize] == -1 {
+            return Err(format!("node {node} is a leaf with a categorical split"));
+        }
         let end = seg.checked_add(size);
-        if node < 0 || node as usize >= n || seg < 0 || size < 0 || end.is_none_or(|e| e as usize > t.categories.0) {
+        if seg < 0 || size < 1 || end.is_none_or(|e| e as usize > t.categories.len()) {
             return Err(format!("categorical split of node {node} outside the categories ({seg} + {size})"));
         }
+        let run = &t.categories[seg as usize..(seg + size) as usize];
+        if let Some(c) = run.iter().find(|&&c| !(0..MAX_CATEGORY).contains(&c)) {
+            return Err(format!(
+                "node {node} splits on category {c}; ferry takes categories 0 to {}",
+                MAX_CATEGORY - 1
+            ));
+        }
+        words += run.iter().max().map_or(0, |&m| m as usize / 32 + 1);
     }
-    if t.split_type.iter().enumerate().any(|(i, &s)| s == 1 && !cat.0.contains(&(i as i64))) {
-        return Err("a categorical split without its categories".into());
-    }
-    Ok(())
+    Ok(words)
 }
 
 /// What a LightGBM model says, once checked, and its text ready for LightGBM.
