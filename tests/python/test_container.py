@@ -229,6 +229,29 @@ def env_archive(path):
         tar.addfile(link)
 
 
+def openvino_ir(model_dir, rows):
+    """An OpenVINO IR (Y = X @ W, converted from ONNX by OpenVINO here) and its output on `rows`
+    from OpenVINO in-process."""
+    import openvino as ov
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(np.random.default_rng(5).normal(size=(4, 3)).astype(np.float32), "W")
+    graph = helper.make_graph([helper.make_node("MatMul", ["X", "W"], ["Y"])], "ir",
+                              [helper.make_tensor_value_info("X", TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("Y", TensorProto.FLOAT, ["n", 3])], [w])
+    os.makedirs(os.path.join(model_dir, "1"))
+    onnx_path = os.path.join(model_dir, "model.onnx")
+    models.save(graph, onnx_path)
+    ov.save_model(ov.convert_model(onnx_path), os.path.join(model_dir, "1", "model.xml"))
+    os.remove(onnx_path)
+    with open(os.path.join(model_dir, "config.pbtxt"), "w") as f:
+        f.write('backend: "openvino"\nmax_batch_size: 8\n'
+                'parameters { key: "INFERENCE_PRECISION_HINT" value: { string_value: "f32" } }\n')
+    core = ov.Core()
+    compiled = core.compile_model(core.read_model(os.path.join(model_dir, "1", "model.xml")), "CPU",
+                                  {"INFERENCE_PRECISION_HINT": "f32"})
+    return compiled(rows)[compiled.outputs[0]].flatten().tolist()
+
+
 def test_the_python_image_runs_python_models_with_added_packages_and_env_archives(tmp_path):
     subprocess.run(["bash", os.path.join(ROOT, "container", "build.sh"), "--from-host", "--debug", "--python",
                     "--tag", PY_IMAGE], check=True, stdout=subprocess.DEVNULL)
@@ -242,9 +265,18 @@ def test_the_python_image_runs_python_models_with_added_packages_and_env_archive
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                     f"xgboost-cpu=={xgboost.__version__}", "-d", str(ctx)], check=True)
     (xgb_wheel,) = [w for w in os.listdir(ctx) if w.startswith("xgboost_cpu-")]
-    (ctx / "Dockerfile").write_text(f"FROM {PY_IMAGE}\nUSER root\nCOPY {wheel} {xgb_wheel} /tmp/\n"
+    # OpenVINO's wheel for the image's Python (3.11), for an IR model: libopenvino_c.so and its
+    # TBB are in the wheel; its Python dependencies are not needed by ferry.
+    import importlib.metadata
+    import openvino
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+                    "--python-version", "3.11", "--platform", "manylinux_2_28_x86_64",
+                    "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_17_x86_64",
+                    f"openvino=={importlib.metadata.version('openvino')}", "-d", str(ctx)], check=True)
+    (ov_wheel,) = [w for w in os.listdir(ctx) if w.startswith("openvino-")]
+    (ctx / "Dockerfile").write_text(f"FROM {PY_IMAGE}\nUSER root\nCOPY {wheel} {xgb_wheel} {ov_wheel} /tmp/\n"
                                     f"RUN python3 -m pip install --no-cache-dir --no-index --no-deps /tmp/{wheel} "
-                                    f"/tmp/{xgb_wheel}\nUSER 65532:65532\n")
+                                    f"/tmp/{xgb_wheel} /tmp/{ov_wheel} && rm /tmp/*.whl\nUSER 65532:65532\n")
     derived = f"{PY_IMAGE}-derived"
     subprocess.run(["docker", "build", "--pull=false", "-t", derived, str(ctx)], check=True, stdout=subprocess.DEVNULL)
     repo = tmp_path / "repo"
@@ -260,12 +292,13 @@ def test_the_python_image_runs_python_models_with_added_packages_and_env_archive
     (repo / "trees" / "config.pbtxt").write_text(
         'backend: "fil"\nmax_batch_size: 8\nparameters { key: "model_type" value: { string_value: "xgboost_json" } }\n')
     want_trees = booster.inplace_predict(rows[:2]).tolist()
+    want_ir = openvino_ir(str(repo / "ir"), rows[:2])
     subprocess.run(["chmod", "-R", "a+rX", str(repo)], check=True)
     try:
         # The example pipeline's Python steps serve by default; then the derived image's models.
         for image, mounts, expect in ((PY_IMAGE, [], {"text_classifier": None}),
                                       (derived, ["-v", f"{repo}:/models:ro"],
-                                       {"uses_pip": "pip", "uses_env": "archive", "trees": want_trees})):
+                                       {"uses_pip": "pip", "uses_env": "archive", "trees": want_trees, "ir": want_ir})):
             command = ["--model-repository", "/models"] if mounts else []
             c = Container(image, ["-p", "127.0.0.1::8000", *mounts], command=command, service="kserve",
                           container_port=8000)
@@ -281,9 +314,9 @@ def test_the_python_image_runs_python_models_with_added_packages_and_env_archive
                         got = {o["name"]: o["data"] for o in json.loads(out)["outputs"]} if status == 200 else out
                         assert set(got) == {"LABEL", "SCORE"} and 0 <= got["SCORE"][0] <= 1, got
                         continue
-                    if name == "trees":
-                        body = {"inputs": [{"name": "input__0", "shape": [2, 4], "datatype": "FP32",
-                                            "data": rows[:2].flatten().tolist()}]}
+                    if name in ("trees", "ir"):
+                        body = {"inputs": [{"name": "input__0" if name == "trees" else "X", "shape": [2, 4],
+                                            "datatype": "FP32", "data": rows[:2].flatten().tolist()}]}
                         status, _, out = request(port, "POST", f"/v2/models/{name}/infer", json.dumps(body).encode())
                         assert status == 200, out
                         np.testing.assert_allclose(json.loads(out)["outputs"][0]["data"], where, rtol=1e-5)
