@@ -35,11 +35,11 @@ def made(tmp_path_factory):
     repo = root / "repo"
     repo.mkdir()
     subprocess.run([TF_PYTHON, os.path.join(HERE, "tf_models.py"), str(repo)], check=True)
-    bad = repo / "other_signature"
+    bad = repo / "missing_signature"
     (bad / "1").mkdir(parents=True)
-    os.symlink(repo / "scorer" / "1" / "model.savedmodel", bad / "1" / "model.savedmodel")
+    os.symlink(repo / "two_signatures" / "1" / "model.savedmodel", bad / "1" / "model.savedmodel")
     (bad / "config.pbtxt").write_text('platform: "tensorflow_savedmodel"\nmax_batch_size: 8\n'
-                                      'parameters { key: "TF_SIGNATURE_DEF" value: { string_value: "predict" } }\n')
+                                      'parameters { key: "TF_SIGNATURE_DEF" value: { string_value: "classify" } }\n')
     return str(repo), dict(np.load(root / "tf_expected.npz"))
 
 
@@ -119,11 +119,23 @@ def test_batches_form_under_concurrency(server, expected):
     assert inferences == 48 and executions < inferences, (executions, inferences)
 
 
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_the_signature_tf_signature_def_names(server, expected, protocol):
+    c = httpclient.InferenceServerClient(server.url)
+    meta = c.get_model_metadata("two_signatures")
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]}], meta
+    assert meta["outputs"] == [{"name": "total", "datatype": "FP32", "shape": [-1, 1]}], meta
+    r = infer(server, "two_signatures", {"x": expected["features"]}, protocol=protocol)
+    np.testing.assert_allclose(r.as_numpy("total"), expected["total"], rtol=1e-5, atol=1e-5)
+
+
 def test_refusals_name_the_reason(server, expected):
     c = httpclient.InferenceServerClient(server.url)
     index = {m["name"]: m for m in c.get_model_repository_index()}
-    assert index["other_signature"]["state"] == "UNAVAILABLE"
-    assert "TF_SIGNATURE_DEF is 'predict'" in index["other_signature"]["reason"], index["other_signature"]
+    reason = index["missing_signature"]["reason"]
+    assert index["missing_signature"]["state"] == "UNAVAILABLE"
+    assert "TF_SIGNATURE_DEF 'classify': the SavedModel has no signature 'classify' (it has: predict, serving_default)" \
+        in reason, reason
     with pytest.raises(InferenceServerException, match=r"\[400\].*features"):
         infer(server, "scorer", {"features": np.zeros((1, 5), dtype=np.float32), "ids": expected["ids"][:1]})
     assert c.is_model_ready("scorer")

@@ -3,6 +3,7 @@
     python tf_models.py REPO
 
 into REPO: `scorer` (a tf.Module SavedModel with two inputs and two outputs by signature name),
+`two_signatures` (the same module with a second signature, served by TF_SIGNATURE_DEF),
 `scorer_graphdef` (the same function frozen into a GraphDef), `keras_cnn` (a Keras CNN exported as
 a SavedModel, its config left to auto-complete) and `keras_cnn_bf16` (the same, at OpenVINO's
 default precision); and REPO/../tf_expected.npz with TensorFlow's own outputs."""
@@ -27,6 +28,10 @@ class Scorer(tf.Module):
     def __call__(self, features, ids):
         return {"scores": tf.nn.softmax(features @ self.w), "doubled": ids * 2 + 1}
 
+    @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32, name="x")])
+    def predict(self, x):
+        return {"total": tf.reduce_sum(x @ self.w, axis=1, keepdims=True) * 3.0}
+
 
 def write(name, text):
     os.makedirs(os.path.join(REPO, name, "1"), exist_ok=True)
@@ -49,6 +54,13 @@ input [{ name: "features" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "ids" data
 output [{ name: "scores" data_type: TYPE_FP32 dims: [ 3 ] }, { name: "doubled" data_type: TYPE_INT64 dims: [ 2 ] }]
 ''')
     tf.saved_model.save(m, os.path.join(REPO, "scorer", "1", "model.savedmodel"), signatures={"serving_default": m.__call__})
+    # Two signatures; the config serves the other one (TF_SIGNATURE_DEF), its inputs and outputs
+    # auto-completed from that signature.
+    write("two_signatures", 'platform: "tensorflow_savedmodel"\nmax_batch_size: 8\n'
+          'parameters { key: "TF_SIGNATURE_DEF" value: { string_value: "predict" } }\n')
+    tf.saved_model.save(m, os.path.join(REPO, "two_signatures", "1", "model.savedmodel"),
+                        signatures={"serving_default": m.__call__, "predict": m.predict})
+    expected["total"] = m.predict(features)["total"].numpy()
 
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
     frozen = convert_variables_to_constants_v2(m.__call__.get_concrete_function())

@@ -18,11 +18,13 @@ use bytes::Bytes;
 use super::{Backend, BackendInput, Device, InstanceSpec, ModelInstance, ModelIo, TensorInfo, library};
 use crate::{
     error::{Error, Result},
+    proto::inference::{ModelConfig, ModelInput, ModelOutput},
     tensor::Tensor,
 };
 
 mod ffi;
 mod params;
+mod signature;
 
 use ffi::{Core, Dimension, Port};
 use params::Params;
@@ -80,6 +82,22 @@ impl OpenVinoBackend {
     }
 }
 
+impl OpenVinoBackend {
+    /// A SavedModel's `TF_SIGNATURE_DEF` other than `serving_default`, as a copy of the model
+    /// serving that signature (`signature`); None: the model as it is.
+    fn signature_copy(
+        &self,
+        path: &Path,
+        config: &ModelConfig,
+    ) -> std::result::Result<Option<tempfile::TempDir>, String> {
+        let name = config.parameters.get("TF_SIGNATURE_DEF").map(|p| p.string_value.trim()).unwrap_or_default();
+        if self.name != "tensorflow" || name.is_empty() || name == "serving_default" || !path.is_dir() {
+            return Ok(None);
+        }
+        signature::resigned(path, name).map(Some)
+    }
+}
+
 impl Backend for OpenVinoBackend {
     fn name(&self) -> &'static str {
         self.name
@@ -101,6 +119,41 @@ impl Backend for OpenVinoBackend {
         Ok(io_of(&inputs, &outputs))
     }
 
+    /// A config naming a `TF_SIGNATURE_DEF` takes its inputs and outputs from that signature.
+    fn auto_complete(&self, model_path: &Path, config: &mut ModelConfig) -> Result<()> {
+        if !config.input.is_empty() && !config.output.is_empty() {
+            return Ok(());
+        }
+        let named = |e: String| Error::invalid(format!("model '{}': {e}", config.name));
+        let Some(copy) = self.signature_copy(model_path, config).map_err(named)? else {
+            return Ok(());
+        };
+        let io = self.model_io(copy.path())?;
+        let dims = |t: &TensorInfo| {
+            if config.max_batch_size > 0 && !t.shape.is_empty() { t.shape[1..].to_vec() } else { t.shape.clone() }
+        };
+        let data_type = |t: &TensorInfo| t.datatype.map_or(0, |d| d.config());
+        if config.input.is_empty() {
+            let inputs = io.inputs.iter().map(|t| ModelInput {
+                name: t.name.clone(),
+                data_type: data_type(t),
+                dims: dims(t),
+                ..Default::default()
+            });
+            config.input = inputs.collect();
+        }
+        if config.output.is_empty() {
+            let outputs = io.outputs.iter().map(|t| ModelOutput {
+                name: t.name.clone(),
+                data_type: data_type(t),
+                dims: dims(t),
+                ..Default::default()
+            });
+            config.output = outputs.collect();
+        }
+        Ok(())
+    }
+
     fn load(&self, spec: &InstanceSpec<'_>) -> Result<Box<dyn ModelInstance>> {
         let config = spec.config;
         let named = |e: String| Error::invalid(format!("model '{}': {e}", config.name));
@@ -115,19 +168,11 @@ impl Backend for OpenVinoBackend {
         if self.name == "tensorflow" {
             // TensorFlow computes in FP32; so do its models here unless the config says otherwise.
             params.default_precision("f32");
-            if let Some(s) = config.parameters.get("TF_SIGNATURE_DEF").map(|p| p.string_value.trim())
-                && !s.is_empty()
-                && s != "serving_default"
-            {
-                return Err(named(format!(
-                    "parameter TF_SIGNATURE_DEF is '{s}': ferry serves a SavedModel's serving_default signature; \
-                     save the model with the signature you serve as serving_default"
-                )));
-            }
         }
         readable(spec.model_path).map_err(named)?;
         let core = self.shared.core()?;
-        let mut model = core.read(spec.model_path).map_err(named)?;
+        let copy = self.signature_copy(spec.model_path, config).map_err(named)?;
+        let mut model = core.read(copy.as_ref().map_or(spec.model_path, |c| c.path())).map_err(named)?;
         let batching = config.max_batch_size > 0;
         let (inputs, _) = self.ports(&model).map_err(named)?;
         let reshapes = params.reshapes(config, &inputs).map_err(named)?;
@@ -208,6 +253,7 @@ impl Backend for OpenVinoBackend {
             padding: params.batch_padding,
             batching,
             scratch: Vec::new(),
+            _signature_copy: copy,
         }))
     }
 }
@@ -222,6 +268,8 @@ struct OpenVinoInstance {
     batching: bool,
     /// Copies of inputs whose bytes are not aligned for their type, or padded to the batch.
     scratch: Vec<Vec<u64>>,
+    /// The SavedModel copy serving a `TF_SIGNATURE_DEF`, kept while OpenVINO may read it.
+    _signature_copy: Option<tempfile::TempDir>,
 }
 
 impl ModelInstance for OpenVinoInstance {
