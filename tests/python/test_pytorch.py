@@ -1,6 +1,6 @@
 """PyTorch models through the real server on the official PyTorch from PyPI: TorchScript
 (`pytorch_libtorch`: an MLP, a CNN with batch norm over images of any size, a model whose inputs
-are named by forward's arguments with two INT64 outputs, FP16, strings, `max_batch_size: 0`) and
+are named by forward's arguments with two INT64 outputs, FP16, BF16, strings, `max_batch_size: 0`) and
 an AOTInductor package (`torch_aoti`), each compared with the same model run in-process by
 PyTorch, over HTTP (JSON and binary) and gRPC; batches formed under concurrency; bad inputs
 answered 400; a corrupt file and a missing PyTorch failing only their own model.
@@ -99,6 +99,22 @@ def test_torchscript_outputs_equal_pytorch_in_process(server, expected):
     assert words.as_numpy("OUTPUT__0").tolist() == [b"RED", b"FIRE"]
     meta = httpclient.InferenceServerClient(server.url).get_model_metadata("mlp")
     assert meta["platform"] == "pytorch_libtorch"
+
+
+def test_bf16_tensors_pass_both_ways(server, expected):
+    import ml_dtypes
+    x, want = expected["bf16_in"].astype(ml_dtypes.bfloat16), expected["bf16_out"]
+    h = httpclient.InferInput("INPUT__0", list(x.shape), "BF16")
+    h.set_data_from_numpy(x, binary_data=True)
+    got = httpclient.InferenceServerClient(server.url).infer(
+        "mlp_bf16", [h], outputs=[httpclient.InferRequestedOutput("OUTPUT__0", binary_data=True)])
+    np.testing.assert_allclose(got.as_numpy("OUTPUT__0").astype(np.float32), want, rtol=2e-2, atol=2e-2)
+    g = grpcclient.InferInput("INPUT__0", [1, 16], "BF16")
+    g.set_data_from_numpy(x[2:3])
+    got = grpcclient.InferenceServerClient(f"127.0.0.1:{server.grpc_port}").infer("mlp_bf16", [g])
+    np.testing.assert_allclose(got.as_numpy("OUTPUT__0").astype(np.float32), want[2:3], rtol=2e-2, atol=2e-2)
+    meta = httpclient.InferenceServerClient(server.url).get_model_metadata("mlp_bf16")
+    assert meta["inputs"][0]["datatype"] == "BF16" and meta["outputs"][0]["datatype"] == "BF16", meta
 
 
 def test_ensembles_and_warm_up(server, expected):
@@ -205,3 +221,56 @@ def test_a_python_without_pytorch_fails_the_load_clearly(made, tmp_path):
         reason = {m["name"]: m for m in c.get_model_repository_index()}["mlp"]["reason"]
         assert f"PyTorch is not importable by {sys.executable}" in reason, reason
         assert "--backend-config pytorch,python=<path> or FERRY_PYTORCH_PYTHON" in reason
+
+
+BF16_PY = '''
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "INPUT0")
+            try:
+                x.as_numpy()
+                raise pb_utils.TritonModelException("as_numpy() gave a BF16 tensor to numpy")
+            except pb_utils.TritonModelException as e:
+                if "tensor dtype is bf16 and cannot be converted to numpy" not in str(e).lower():
+                    raise
+            assert x.triton_dtype() == 14 and x.data_type() == "BF16" and x.shape() == [2, 3]
+            t = torch.utils.dlpack.from_dlpack(x.to_dlpack())
+            assert t.dtype == torch.bfloat16
+            # A DLPack capsule back, and a torch tensor made here (its __dlpack__).
+            same = pb_utils.Tensor.from_dlpack("OUTPUT0", torch.utils.dlpack.to_dlpack(t))
+            doubled = pb_utils.Tensor.from_dlpack("OUTPUT1", (t * 2).contiguous())
+            responses.append(pb_utils.InferenceResponse([same, doubled]))
+        return responses
+'''
+
+
+def test_a_python_model_passes_bf16_through_dlpack(tmp_path):
+    """Triton's BF16 contract for Python models: as_numpy() refuses, DLPack carries them to
+    PyTorch and back, over both protocols."""
+    import ml_dtypes
+    import models
+    repo = str(tmp_path / "repo")
+    models.python_model(repo, "bf16", BF16_PY, '''backend: "python"
+max_batch_size: 0
+input [ { name: "INPUT0" data_type: TYPE_BF16 dims: [ 2, 3 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_BF16 dims: [ 2, 3 ] }, { name: "OUTPUT1" data_type: TYPE_BF16 dims: [ 2, 3 ] } ]
+''')
+    x = np.array([[1.5, -2.25, 0.0], [3.0, 1e30, -7.5]], dtype=ml_dtypes.bfloat16)
+    with Server(["--model-repository", repo, f"--backend-config=python,executable={TORCH_PYTHON}"], timeout=120) as s:
+        h = httpclient.InferInput("INPUT0", [2, 3], "BF16")
+        h.set_data_from_numpy(x, binary_data=True)
+        r = httpclient.InferenceServerClient(s.url).infer("bf16", [h], outputs=[
+            httpclient.InferRequestedOutput("OUTPUT0", binary_data=True),
+            httpclient.InferRequestedOutput("OUTPUT1", binary_data=True)])
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT0").astype(np.float32), x.astype(np.float32))
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT1").astype(np.float32), 2 * x.astype(np.float32))
+        g = grpcclient.InferInput("INPUT0", [2, 3], "BF16")
+        g.set_data_from_numpy(x)
+        r = grpcclient.InferenceServerClient(f"127.0.0.1:{s.grpc_port}").infer("bf16", [g])
+        np.testing.assert_array_equal(r.as_numpy("OUTPUT1").astype(np.float32), 2 * x.astype(np.float32))

@@ -184,6 +184,18 @@ output [ { name: "OUTPUT__0" data_type: TYPE_FP16 dims: [ 4 ] } ]
     h = np.random.rand(3, 4).astype(np.float16)
     expected["half_in"], expected["half_out"] = h, Half()(torch.from_numpy(h)).numpy()
 
+    # bfloat16 weights, inputs and outputs; the inputs bfloat16 values already (clients truncate).
+    mlp16 = Mlp().eval().to(torch.bfloat16)
+    write(repo, "mlp_bf16", '''platform: "pytorch_libtorch"
+max_batch_size: 8
+dynamic_batching { max_queue_delay_microseconds: 20000 }
+input [ { name: "INPUT__0" data_type: TYPE_BF16 dims: [ 16 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_BF16 dims: [ 4 ] } ]
+''', {"model.pt": lambda p: torch.jit.trace(mlp16, torch.from_numpy(x[:1]).to(torch.bfloat16)).save(p)})
+    x16 = torch.from_numpy(x).to(torch.bfloat16)
+    with torch.no_grad():
+        expected["bf16_in"], expected["bf16_out"] = x16.float().numpy(), mlp16(x16).float().numpy()
+
     write(repo, "words", '''platform: "pytorch_libtorch"
 max_batch_size: 0
 input [ { name: "INPUT__0" data_type: TYPE_STRING dims: [ -1 ] } ]

@@ -110,7 +110,19 @@ class TritonModelException(Exception):
     pass
 
 
+def _torch():
+    """PyTorch, which BF16 tensors need (numpy has no bfloat16; DLPack carries them to torch)."""
+    try:
+        import torch
+    except ImportError as e:
+        raise TritonModelException(f"BF16 tensors pass through DLPack to PyTorch, which cannot be imported here ({e})")
+    return torch
+
+
 class Tensor:
+    # BF16 tensors keep their bits in a uint16 array; numpy has no bfloat16 to show them as.
+    _bf16 = False
+
     def __init__(self, name, array, dtype=None):
         if not isinstance(name, str):
             raise TypeError(f"Tensor name must be a str, not {type(name).__name__}")
@@ -133,17 +145,27 @@ class Tensor:
         t._name, t._array = name, array
         return t
 
+    @classmethod
+    def _wrap_bf16(cls, name, bits):
+        """A BF16 tensor over its bits (a uint16 array)."""
+        t = cls._wrap(name, bits)
+        t._bf16 = True
+        return t
+
     def name(self):
         return self._name
 
     def as_numpy(self):
+        if self._bf16:
+            raise TritonModelException(f"Tensor '{self._name}': tensor dtype is BF16 and cannot be converted to numpy; "
+                                       "use to_dlpack() (and from_dlpack() for results)")
         return self._array
 
     def triton_dtype(self):
-        return numpy_to_triton_type(self._array.dtype)
+        return 14 if self._bf16 else numpy_to_triton_type(self._array.dtype)
 
     def data_type(self):
-        return _wire_type(self._array.dtype)
+        return "BF16" if self._bf16 else _wire_type(self._array.dtype)
 
     def shape(self):
         return list(self._array.shape)
@@ -152,16 +174,48 @@ class Tensor:
         return True
 
     def to_dlpack(self):
+        if self._bf16:
+            torch = _torch()
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # a read-only view of the request: never written
+                bits = torch.from_numpy(np.ascontiguousarray(self._array).view(np.int16))
+            return torch.utils.dlpack.to_dlpack(bits.view(torch.bfloat16))
         return self._array.__dlpack__()
 
     @staticmethod
     def from_dlpack(name, capsule):
+        """A tensor from a DLPack capsule or an object with `__dlpack__` (numpy, PyTorch, ...);
+        BF16 ones through PyTorch."""
+        if type(capsule).__name__ == "PyCapsule":
+            try:
+                import torch
+            except ImportError:
+                return Tensor(name, np.from_dlpack(_Capsule(capsule)))
+            capsule = torch.utils.dlpack.from_dlpack(capsule)
         if not hasattr(capsule, "__dlpack__"):
-            raise TritonModelException("from_dlpack needs an object with __dlpack__ (a CPU tensor)")
+            raise TritonModelException("from_dlpack needs a DLPack capsule or an object with __dlpack__ (a CPU tensor)")
+        if str(getattr(capsule, "dtype", "")) == "torch.bfloat16":
+            torch = _torch()
+            bits = capsule.detach().cpu().contiguous().view(torch.int16).numpy().view(np.uint16)
+            return Tensor._wrap_bf16(name, bits)
         return Tensor(name, np.from_dlpack(capsule))
 
     def __repr__(self):
         return f"Tensor({self._name!r}, {self._array!r})"
+
+
+class _Capsule:
+    """A bare DLPack capsule as numpy's from_dlpack takes one (a CPU tensor)."""
+
+    def __init__(self, capsule):
+        self._capsule = capsule
+
+    def __dlpack__(self, **_):
+        return self._capsule
+
+    def __dlpack_device__(self):
+        return (1, 0)
 
 
 def get_input_tensor_by_name(request, name):

@@ -242,7 +242,7 @@ class Channel:
         if response is not None:
             for t in response.output_tensors():
                 datatype, data = tensor_bytes(t)
-                meta.append({"name": t.name(), "datatype": datatype, "shape": list(t.as_numpy().shape)})
+                meta.append({"name": t.name(), "datatype": datatype, "shape": t.shape()})
                 blobs.append(bytes(data))
             error, params = error_json(response), params_json(response)
         msg = {"op": "response", "handle": handle, "final": final, "empty": response is None,
@@ -344,6 +344,8 @@ class ResponseIterator:
 
 
 def tensor_bytes(t):
+    if t._bf16:
+        return "BF16", memoryview(np.ascontiguousarray(t._array).reshape(-1)).cast("B")
     array = t.as_numpy()
     if array.dtype == np.object_ or array.dtype.kind in ("S", "U"):
         return "BYTES", pb_utils.serialize_byte_tensor(array)
@@ -387,6 +389,8 @@ def sequence_of(params):
 
 
 def tensor_from(name, datatype, shape, buf):
+    if datatype == "BF16":
+        return pb_utils.Tensor._wrap_bf16(name, np.frombuffer(buf, dtype=np.uint16).reshape(shape))
     if datatype == "BYTES":
         count = int(np.prod(shape)) if shape else 1
         return pb_utils.Tensor(name, pb_utils.deserialize_bytes_tensor(buf, count).reshape(shape))
@@ -397,7 +401,7 @@ def bls_message(request, inputs):
     meta, blobs = [], []
     for t in inputs:
         datatype, data = tensor_bytes(t)
-        meta.append({"name": t.name(), "datatype": datatype, "shape": list(t.as_numpy().shape)})
+        meta.append({"name": t.name(), "datatype": datatype, "shape": t.shape()})
         blobs.append(bytes(data))
     return {"op": "infer", "request": {**request, "inputs": meta}}, blobs
 
@@ -534,7 +538,10 @@ class Stub:
             tensors = []
             for name, datatype, shape, offset, size in inputs:
                 dtype = dtypes.get(datatype)
-                if dtype is None:
+                if datatype == "BF16":
+                    bits = frombuffer(area, np.uint16, size // 2, offset).reshape(shape)
+                    tensors.append(pb_utils.Tensor._wrap_bf16(name, bits.copy() if decoupled else bits))
+                elif dtype is None:
                     tensors.append(tensor_from(name, datatype, shape, memoryview(area)[offset:offset + size]))
                 else:
                     array = frombuffer(area, dtype, size // dtype.itemsize, offset).reshape(shape)
@@ -789,8 +796,8 @@ class Stub:
         for resp in responses:
             outs = []
             for t in (resp.output_tensors() if not isinstance(resp, dict) else ()):
-                array = t.as_numpy()
-                datatype = WIRE.get(array.dtype)
+                array = t._array
+                datatype = None if t._bf16 else WIRE.get(array.dtype)
                 if datatype is None:
                     datatype, data = tensor_bytes(t)
                 else:

@@ -20,12 +20,27 @@ FLAGS = {"DISABLE_OPTIMIZED_EXECUTION", "INFERENCE_MODE", "DISABLE_CUDNN", "ENAB
 COUNTS = {"INTRA_OP_THREAD_COUNT", "INTER_OP_THREAD_COUNT"}
 JIT_ONLY = {"DISABLE_OPTIMIZED_EXECUTION", "ENABLE_JIT_EXECUTOR", "ENABLE_JIT_PROFILING"}
 GPU_ONLY = {"DISABLE_CUDNN", "ENABLE_CACHE_CLEANING"}
+# BF16 values as the runner holds them between ferry and torch: their bits, in a dtype of their own
+# (numpy has no bfloat16), so that batches concatenate and split as any other array.
+BF16 = np.dtype([("bf16", "<u2")])
 POSITION = re.compile(r"^(?:.+__(\d+)|ARGS\[(\d+)\]|RESULT\[(\d+)\])$")
 KEYWORD = re.compile(r"^KWARGS\[(.+)\]$")
 
 
 def fail(message):
     raise pb_utils.TritonModelException(message)
+
+
+def bf16_bits(tensor, torch):
+    """A bfloat16 tensor's values as the runner holds them (BF16)."""
+    return tensor.detach().cpu().contiguous().view(torch.int16).numpy().view(BF16)
+
+
+def as_float(array, torch):
+    """An output as float32 for comparing (BF16 ones through torch)."""
+    if array.dtype != BF16:
+        return array
+    return torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(torch.bfloat16).float().numpy()
 
 
 def flag(name, value):
@@ -117,8 +132,6 @@ class TritonPythonModel:
         batching = int(cfg.get("max_batch_size", 0)) > 0
         for t in cfg.get("input", []) + cfg.get("output", []):
             dt, dims = t.get("data_type", ""), [int(d) for d in t.get("dims", [])]
-            if dt == "TYPE_BF16":
-                fail(f"tensor '{t['name']}' is TYPE_BF16, which ferry's PyTorch backend does not pass yet")
             if dt == "TYPE_STRING" and (dims != [1] if batching else len(dims) != 1):
                 fail(f"tensor '{t['name']}' is TYPE_STRING with dims {dims}: string tensors are one-dimensional "
                      f"(a List[str]{': dims [ 1 ], one string per batch row' if batching else ''})")
@@ -132,14 +145,17 @@ class TritonPythonModel:
         rng = np.random.default_rng(0)
         one = []
         for i in inputs:
-            dtype = pb_utils.triton_string_to_numpy(i["data_type"])
+            dtype = np.float32 if i["data_type"] == "TYPE_BF16" else pb_utils.triton_string_to_numpy(i["data_type"])
             shape = [1] + list(i.get("dims", []))
             one.append(rng.standard_normal(shape).astype(dtype) if np.dtype(dtype).kind == "f" else np.zeros(shape, dtype))
+            if i["data_type"] == "TYPE_BF16":
+                one[-1] = bf16_bits(self.torch.from_numpy(one[-1]).to(self.torch.bfloat16), self.torch)
         why = None
         try:
             single = self.call(one)
             many = self.call([np.repeat(a, rows, axis=0) for a in one])
             for s, m in zip(single, many):
+                m, s = as_float(m, self.torch), as_float(s, self.torch)
                 if m.shape[:1] != (rows,) or not np.allclose(m, np.repeat(s, rows, axis=0), rtol=1e-3, atol=1e-4):
                     why = f"{rows} copies of one row do not give {rows} copies of its answer"
         except Exception as e:
@@ -193,6 +209,9 @@ class TritonPythonModel:
             self.plan = [("arg", p) for p in range(len(names))]
 
     def to_torch(self, array, datatype):
+        if array.dtype == BF16:
+            t = self.torch.from_numpy(np.ascontiguousarray(array).view(np.int16)).view(self.torch.bfloat16)
+            return t.to(self.device) if self.device.type != "cpu" else t
         if datatype == "TYPE_STRING":
             try:
                 return [x.decode("utf-8") if isinstance(x, bytes) else str(x) for x in array.reshape(-1)]
@@ -233,7 +252,7 @@ class TritonPythonModel:
         """An output as the config declares it: its datatype, and its shape where dims are fixed."""
         datatype, dims = self.expect.get(name, ("", None))
         if datatype:
-            want = np.dtype(pb_utils.triton_string_to_numpy(datatype))
+            want = BF16 if datatype == "TYPE_BF16" else np.dtype(pb_utils.triton_string_to_numpy(datatype))
             if out.dtype != want and not (want.kind == "O" and out.dtype.kind == "O"):
                 fail(f"output '{name}': the configuration expects {datatype}, the model returned {out.dtype}")
         if dims is None:
@@ -254,12 +273,12 @@ class TritonPythonModel:
             fail(f"output '{name}' is a {type(value).__name__}, not a tensor")
         value = value.detach()
         if value.dtype == self.torch.bfloat16:
-            fail(f"output '{name}' is BF16, which ferry's PyTorch backend does not pass yet")
+            return bf16_bits(value, self.torch)
         return value.cpu().numpy()
 
     def execute(self, requests):
         arrays = [[pb_utils.get_input_tensor_by_name(r, n) for n, _ in self.inputs] for r in requests]
-        arrays = [[t.as_numpy() if t is not None else None for t in row] for row in arrays]
+        arrays = [[None if t is None else t._array.view(BF16) if t._bf16 else t.as_numpy() for t in row] for row in arrays]
         responses = [None] * len(requests)
         # Requests whose shapes agree past the batch dimension run as one call.
         groups = {}
@@ -299,4 +318,5 @@ class TritonPythonModel:
                 error=pb_utils.TritonError(f"PyTorch execute failure: {type(e).__name__}: {str(e)[:2000]}"))
 
     def respond(self, outs):
-        return pb_utils.InferenceResponse([pb_utils.Tensor(n, o) for (n, _), o in zip(self.outputs, outs)])
+        return pb_utils.InferenceResponse([pb_utils.Tensor._wrap_bf16(n, o.view(np.uint16)) if o.dtype == BF16
+                                           else pb_utils.Tensor(n, o) for (n, _), o in zip(self.outputs, outs)])
