@@ -304,11 +304,11 @@ impl ModelInstance for OpenVinoInstance {
             set[index] = true;
             let mut shape = input.shape.to_vec();
             let element = input.datatype.size().unwrap_or(1);
-            let misaligned = input.data.as_ptr().align_offset(element) != 0;
             if let Some(n) = pad_to {
                 shape[0] = n;
             }
-            if misaligned || pad_to.is_some() {
+            let copied = pad_to.is_some() || input.data.as_ptr().align_offset(element) != 0;
+            if copied {
                 let want: usize = shape.iter().map(|&d| d.max(0) as usize).product::<usize>() * element;
                 let buffer = &mut self.scratch[k];
                 buffer.clear();
@@ -316,13 +316,9 @@ impl ModelInstance for OpenVinoInstance {
                 let bytes: &mut [u8] = bytemuck::cast_slice_mut(buffer.as_mut_slice());
                 bytes[..input.data.len()].copy_from_slice(input.data);
             }
-            shapes.push(shape);
-        }
-        for (k, input) in inputs.iter().enumerate() {
-            let index = self.input_index[input.name];
-            let copied = pad_to.is_some() || input.data.as_ptr().align_offset(input.datatype.size().unwrap_or(1)) != 0;
             let data: &[u8] = if copied { bytemuck::cast_slice(self.scratch[k].as_slice()) } else { input.data };
-            self.request.set_input(index, input.datatype, &shapes[k], data).map_err(Error::invalid)?;
+            self.request.set_input(index, input.datatype, &shape, data).map_err(Error::invalid)?;
+            shapes.push(shape);
         }
         if let Some(missing) = self.io.inputs.iter().zip(&set).find(|(_, s)| !**s).map(|(t, _)| &t.name) {
             return Err(Error::invalid(format!("the OpenVINO model needs input '{missing}', which the batch lacks")));
