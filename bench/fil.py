@@ -76,22 +76,7 @@ def in_process(predict, batch):
 
 def main():
     repo, boosters = build()
-    http_port, grpc_port = run.free_port(), run.free_port()
-    os.makedirs(run.WORK, exist_ok=True)
-    proc = run.start_server(repo, http_port, grpc_port, [])
-    base, rows = f"http://127.0.0.1:{http_port}", []
-    try:
-        for name in sorted(boosters):
-            data = run.input_data(base, name)
-            for c in (1, 16):
-                before = run.stats(base, name)
-                r = run.perf(name, f"127.0.0.1:{grpc_port}", "grpc", c, data, INTERVAL_MS)
-                after = run.stats(base, name)
-                batch = (after[0] - before[0]) / max(after[1] - before[1], 1)
-                rows.append((name, c, r, batch))
-    finally:
-        proc.terminate()
-        proc.wait()
+    rows = run.grpc_sweep(repo, sorted(boosters), INTERVAL_MS)
     lines = [
         f"Commit `{run.commit_label()}`, {datetime.date.today()}, {os.cpu_count()} cores, release build, "
         f"xgboost {xgb.__version__} and lightgbm {lgb.__version__} (PyPI), binary classifiers of {TREES} trees "

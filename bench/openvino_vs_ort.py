@@ -55,21 +55,7 @@ def build():
 
 def main():
     repo, names = build()
-    http_port, grpc_port = run.free_port(), run.free_port()
-    os.makedirs(run.WORK, exist_ok=True)
-    proc = run.start_server(repo, http_port, grpc_port, [])
-    base, rows = f"http://127.0.0.1:{http_port}", []
-    try:
-        for name in names:
-            data = run.input_data(base, name)
-            for c in (1, 16):
-                before = run.stats(base, name)
-                r = run.perf(name, f"127.0.0.1:{grpc_port}", "grpc", c, data, INTERVAL_MS)
-                after = run.stats(base, name)
-                rows.append((name, c, r, (after[0] - before[0]) / max(after[1] - before[1], 1)))
-    finally:
-        proc.terminate()
-        proc.wait()
+    rows = run.grpc_sweep(repo, names, INTERVAL_MS)
     flags = open("/proc/cpuinfo").read()
     bf16 = "amx_bf16" in flags or "avx512_bf16" in flags
     lines = [

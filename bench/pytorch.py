@@ -120,22 +120,7 @@ def in_process(model, shape, batch):
 
 def main():
     repo, models = build()
-    http_port, grpc_port = run.free_port(), run.free_port()
-    os.makedirs(run.WORK, exist_ok=True)
-    proc = run.start_server(repo, http_port, grpc_port, [f"--backend-config=pytorch,python={sys.executable}"])
-    base, rows = f"http://127.0.0.1:{http_port}", []
-    try:
-        for name in sorted(os.listdir(repo)):
-            data = run.input_data(base, name)
-            for c in (1, 16):
-                before = run.stats(base, name)
-                r = run.perf(name, f"127.0.0.1:{grpc_port}", "grpc", c, data, INTERVAL_MS)
-                after = run.stats(base, name)
-                batch = (after[0] - before[0]) / max(after[1] - before[1], 1)
-                rows.append((name, c, r, batch))
-    finally:
-        proc.terminate()
-        proc.wait()
+    rows = run.grpc_sweep(repo, sorted(os.listdir(repo)), INTERVAL_MS, [f"--backend-config=pytorch,python={sys.executable}"])
     lines = [
         f"Commit `{run.commit_label()}`, {datetime.date.today()}, {os.cpu_count()} cores, release build, "
         f"torch {torch.__version__} (PyPI), perf_analyzer over gRPC, batch 1 per request, dynamic batching "

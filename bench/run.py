@@ -113,6 +113,27 @@ def perf(model, url, protocol, concurrency, data, interval_ms):
     }
 
 
+def grpc_sweep(repo, names, interval_ms, extra=(), concurrencies=(1, 16)):
+    """Serves `repo` and drives each model with perf_analyzer over gRPC at each concurrency:
+    [(name, concurrency, perf's figures, the batch the server formed on average)]."""
+    http_port, grpc_port = free_port(), free_port()
+    os.makedirs(WORK, exist_ok=True)
+    proc = start_server(repo, http_port, grpc_port, list(extra))
+    base, rows = f"http://127.0.0.1:{http_port}", []
+    try:
+        for name in names:
+            data = input_data(base, name)
+            for c in concurrencies:
+                before = stats(base, name)
+                r = perf(name, f"127.0.0.1:{grpc_port}", "grpc", c, data, interval_ms)
+                after = stats(base, name)
+                rows.append((name, c, r, (after[0] - before[0]) / max(after[1] - before[1], 1)))
+    finally:
+        proc.terminate()
+        proc.wait()
+    return rows
+
+
 def commit_label():
     """The commit measured, marked when tracked files differ from it."""
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
