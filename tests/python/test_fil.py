@@ -2,7 +2,7 @@
 their PyPI packages: XGBoost binary (JSON, UBJSON), multi-class, regression (the default
 `model_type` and file) and LightGBM binary and multi-class models, each compared with the same
 model's in-process prediction over HTTP (binary and JSON) and gRPC, and an XGBoost model with
-categorical splits; `predict_proba`,
+categorical splits and one with multi-target trees; `predict_proba`,
 `output_class` and `threshold` as FIL gives them; inputs and outputs auto-completed; batches formed
 under concurrency; a wrong feature count or datatype answered 400; a corrupt file, treelite and a
 missing library failing only their own model; an ensemble of an XGBoost and a LightGBM model,
@@ -132,6 +132,25 @@ model_warmup [{{ name: "w" batch_size: 4
     assert 1 in json.loads(saved(cat_booster, "json"))["learner"]["gradient_booster"]["model"]["trees"][0]["split_type"]
     expected["xgb_categorical"] = cat_booster.inplace_predict(CAT_ROWS).reshape(-1, 1)
     write(repo, "xgb_categorical", {"xgboost.ubj": saved(cat_booster, "ubj")}, {"model_type": "xgboost_ubj"})
+
+    # Multi-target trees (vector leaves, XGBoost's multi_output_tree), predicted by XGBoost.
+    mt = xgb.train({"tree_method": "hist", "multi_strategy": "multi_output_tree", "max_depth": 3},
+                   xgb.DMatrix(TRAIN, label=np.stack([REG_Y, TRAIN[:, 1] - TRAIN[:, 6]], axis=1)), num_boost_round=10)
+    expected["xgb_multi_target"] = mt.inplace_predict(ROWS)
+    write(repo, "xgb_multi_target", {"xgboost.json": saved(mt, "json")}, {"model_type": "xgboost_json"}, width=2)
+    write(repo, "x_targets_class", {"xgboost.ubj": saved(mt, "ubj")}, {"model_type": "xgboost_ubj", "output_class": "true"},
+          io=False)
+    mt_doc = json.loads(saved(mt, "json"))
+
+    def mt_edit(name, edit):
+        d = json.loads(json.dumps(mt_doc))
+        edit(d["learner"]["gradient_booster"]["model"]["trees"][0])
+        write(repo, name, {"xgboost.json": json.dumps(d).encode()}, {"model_type": "xgboost_json"}, io=False)
+    first_leaf = mt_doc["learner"]["gradient_booster"]["model"]["trees"][0]["left_children"].index(-1)
+    mt_edit("x_leaf_row_far", lambda t: t["right_children"].__setitem__(first_leaf, 100000000))
+    mt_edit("x_leaf_row_twice", lambda t: t["right_children"].__setitem__(first_leaf, t["right_children"][first_leaf + 1]))
+    mt_edit("x_vector_size", lambda t: t["tree_param"].__setitem__("size_leaf_vector", "3"))
+    mt_edit("x_leaf_weights", lambda t: t.__setitem__("leaf_weights", t["leaf_weights"][:-1]))
 
     # Without a batch dimension, and any row width in the config: the backend checks the width.
     write(repo, "xgb_nobatch", {"xgboost.json": saved(binary, "json")}, {"model_type": "xgboost_json"}, io=False,
@@ -269,7 +288,10 @@ HOSTILE = {
     "x_proba_regression": "predict_proba needs a classifier",
     "x_parent": "parent is 1000000000", "x_tree_id": "tree 1 says it is tree 0",
     "x_categorical": "node 0 splits on category -100000000", "x_category_far": "splits on category 1073741824",
-    "x_category_order": "but the categorical splits are nodes", "x_category_none": "outside the categories (0 + 0)", "x_escape": "\\u escape",
+    "x_category_order": "but the categorical splits are nodes",
+    "x_targets_class": "output_class and predict_proba take a model of one target; this one predicts 2",
+    "x_leaf_row_far": "names leaf weights row 100000000", "x_leaf_row_twice": "one another leaf has",
+    "x_vector_size": "leaf vectors of 3 values in a model of 2 targets", "x_leaf_weights": "leaf weights for leaf vectors of 2", "x_category_none": "outside the categories (0 + 0)", "x_escape": "\\u escape",
     "x_ubj_twice": "appears twice", "l_carriage": "appears twice", "l_after_blank": "a line between trees",
 }
 
@@ -304,7 +326,7 @@ def expected(made):
 
 
 SERVED = ["xgb_binary", "xgb_proba", "xgb_class", "xgb_multi", "xgb_multi_class", "xgb_softmax", "xgb_reg",
-          "lgb_proba", "lgb_multi", "lgb_multi_class", "xgb_nobatch", "xgb_categorical"]
+          "lgb_proba", "lgb_multi", "lgb_multi_class", "xgb_nobatch", "xgb_categorical", "xgb_multi_target"]
 
 
 def http_infer(server, model, x, binary=True):

@@ -251,12 +251,17 @@ struct Tree {
     sum_hessian: Option<Counted>,
     #[serde(default)]
     id: Option<i64>,
+    /// A multi-target tree's leaf vectors (XGBoost 3): a leaf's right child indexes them.
+    #[serde(default)]
+    leaf_weights: Option<Counted>,
 }
 
 /// What an XGBoost model file says, once checked.
 #[derive(Debug)]
 pub struct XgbInfo {
     pub objective: String,
+    /// Targets of a multi-target model (vector leaves); 1 otherwise.
+    pub targets: usize,
     /// The forest as ferry evaluates it, when it is one of the common kinds.
     pub native: Option<super::native::NativeForest>,
 }
@@ -314,6 +319,7 @@ pub fn xgboost(bytes: &[u8], ubj: bool) -> Result<XgbInfo, String> {
     }
     let groups = p.num_class.max(p.num_target).max(1);
     let features = p.num_feature;
+    let targets = if p.num_class <= 1 { p.num_target.max(1) as usize } else { 1 };
     let mut booster = &learner.gradient_booster;
     let mut weights = None;
     if booster.name == "dart" {
@@ -344,7 +350,7 @@ pub fn xgboost(bytes: &[u8], ubj: bool) -> Result<XgbInfo, String> {
             }
             let mut words = 0usize;
             for (k, t) in forest.trees.iter().enumerate() {
-                words += xgb_tree(t, features).map_err(|e| format!("tree {k}: {e}"))?;
+                words += xgb_tree(t, features, p.num_target.max(1)).map_err(|e| format!("tree {k}: {e}"))?;
                 if words > MAX_CATEGORY_WORDS {
                     return Err(format!(
                         "the categorical splits up to tree {k} need more than {} MiB of category bitsets",
@@ -381,7 +387,7 @@ pub fn xgboost(bytes: &[u8], ubj: bool) -> Result<XgbInfo, String> {
                     }
                     native
                 });
-            return Ok(XgbInfo { objective: learner.objective.name, native });
+            return Ok(XgbInfo { objective: learner.objective.name, targets, native });
         }
         "gblinear" => {
             let linear = Linear::deserialize(model).map_err(|e| format!("not an XGBoost linear model: {e}"))?;
@@ -395,7 +401,7 @@ pub fn xgboost(bytes: &[u8], ubj: bool) -> Result<XgbInfo, String> {
         }
         other => return Err(format!("booster '{other}' is not one ferry serves (gbtree, dart or gblinear)")),
     }
-    Ok(XgbInfo { objective: learner.objective.name, native: None })
+    Ok(XgbInfo { objective: learner.objective.name, targets, native: None })
 }
 
 /// A UBJSON object opens with '{' then a length marker; a JSON one with '{' then '"', a space or '}'.
@@ -405,7 +411,7 @@ fn looks_json(bytes: &[u8]) -> bool {
 }
 
 /// Checks one tree; returns the words of its categorical bitsets.
-fn xgb_tree(t: &Tree, features: u64) -> Result<usize, String> {
+fn xgb_tree(t: &Tree, features: u64, targets: u64) -> Result<usize, String> {
     let n = usize::try_from(t.tree_param.num_nodes).map_err(|_| "too many nodes")?;
     if n == 0 {
         return Err("no nodes".into());
@@ -413,13 +419,21 @@ fn xgb_tree(t: &Tree, features: u64) -> Result<usize, String> {
     if let Some(s) = t.split_type.iter().find(|&&s| s != 0 && s != 1) {
         return Err(format!("split type {s}; XGBoost's are 0 (numeric) and 1 (categorical)"));
     }
-    if t.tree_param.size_leaf_vector > 1 {
-        return Err("multi-target trees are not served by ferry yet".into());
+    let vector = t.tree_param.size_leaf_vector;
+    if vector > 1 && vector != targets {
+        return Err(format!("leaf vectors of {vector} values in a model of {targets} targets"));
     }
+    // XGBoost 3's multi-target trees: a leaf's right child is its row of leaf_weights.
+    let leaf_rows = match (&t.leaf_weights, vector > 1) {
+        (Some(w), true) if w.0 % vector as usize == 0 => Some(w.0 / vector as usize),
+        (Some(w), true) => return Err(format!("{} leaf weights for leaf vectors of {vector}", w.0)),
+        _ => None,
+    };
     for (key, len) in [
         ("loss_changes", t.loss_changes.as_ref().map(|c| c.0)),
         ("sum_hessian", t.sum_hessian.as_ref().map(|c| c.0)),
-        ("base_weights", Some(t.base_weights.0)),
+        // A multi-target tree's base weights are a vector per node (checked below).
+        ("base_weights", Some(t.base_weights.0).filter(|_| t.tree_param.size_leaf_vector <= 1)),
     ] {
         if len.is_some_and(|l| l != n) {
             return Err(format!("{key} has {} entries for {n} nodes", len.unwrap_or_default()));
@@ -431,9 +445,10 @@ fn xgb_tree(t: &Tree, features: u64) -> Result<usize, String> {
         }
         // The root's parent is XGBoost's invalid id; every other node's is the node naming it.
         for (i, &p) in parents.iter().enumerate().skip(1) {
-            let named = usize::try_from(p).ok().filter(|&p| p < n).is_some_and(|p| {
-                t.left_children.get(p) == Some(&(i as i64)) || t.right_children.get(p) == Some(&(i as i64))
-            });
+            let named =
+                usize::try_from(p).ok().filter(|&p| p < n && t.left_children.get(p) != Some(&-1)).is_some_and(|p| {
+                    t.left_children.get(p) == Some(&(i as i64)) || t.right_children.get(p) == Some(&(i as i64))
+                });
             if !named {
                 return Err(format!("node {i}'s parent is {p}, which does not name it"));
             }
@@ -453,11 +468,20 @@ fn xgb_tree(t: &Tree, features: u64) -> Result<usize, String> {
     if sizes.iter().any(|&s| s != n) || (!t.split_type.is_empty() && t.split_type.len() != n) {
         return Err(format!("{n} nodes, but arrays of {sizes:?} entries"));
     }
-    if leaf_vector > 1 && t.base_weights.0 != n * leaf_vector && t.base_weights.0 != n {
-        return Err(format!("{} leaf weights for {n} nodes of {leaf_vector}", t.base_weights.0));
+    if leaf_vector > 1 && t.base_weights.0 != n * leaf_vector {
+        return Err(format!("{} base weights for {n} nodes of {leaf_vector}", t.base_weights.0));
     }
+    let mut leaf_used = vec![false; leaf_rows.unwrap_or(0)];
     for i in 0..n {
         let (l, r) = (t.left_children[i], t.right_children[i]);
+        if let (Some(rows), -1) = (leaf_rows, l) {
+            // Each leaf names its own row of leaf_weights.
+            let row = usize::try_from(r).ok().filter(|&r| r < rows);
+            match row {
+                Some(row) if !std::mem::replace(&mut leaf_used[row], true) => continue,
+                _ => return Err(format!("leaf {i} names leaf weights row {r} of {rows} (or one another leaf has)")),
+            }
+        }
         let leaf = l == -1 && r == -1;
         if !leaf {
             if l < 1 || r < 1 || l as usize >= n || r as usize >= n || l as usize == i || r as usize == i {

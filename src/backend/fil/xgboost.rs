@@ -80,6 +80,8 @@ pub struct Booster {
     handle: Handle,
     features: usize,
     width: usize,
+    /// Targets of a multi-target model (each row's values are one per target).
+    targets: usize,
     classes: bool,
     probabilities: bool,
     /// The prediction settings, as the JSON XGBoost reads each call.
@@ -117,6 +119,7 @@ impl Booster {
             handle,
             features: 0,
             width: 1,
+            targets: info.targets,
             classes: info.objective == "multi:softmax",
             probabilities: matches!(info.objective.split(':').next(), Some("binary" | "multi"))
                 || info.objective == "reg:logistic",
@@ -198,6 +201,10 @@ impl Forest for Booster {
 
     fn gives_classes(&self) -> bool {
         self.classes
+    }
+
+    fn targets(&self) -> usize {
+        self.targets
     }
 
     fn gives_probabilities(&self) -> bool {
