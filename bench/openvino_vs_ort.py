@@ -8,7 +8,8 @@ The reference cnn_small (ResNet-18 topology, FP32 [3,224,224]) and mlp_small of
 ../shared/bench/make_models.py, one CPU instance each with the reference's dynamic batching,
 served three ways from the same ONNX file: ONNX Runtime (`onnxruntime_onnx`, 2 intra-op threads),
 OpenVINO in FP32 (`INFERENCE_PRECISION_HINT: f32`), and OpenVINO at its default precision (bf16
-on CPUs that have it). perf_analyzer over gRPC at c1 and c16, batch 1 per request. Writes the
+on CPUs that have it). perf_analyzer over gRPC at c1 and c16, batch 1 per request, each beside the
+same file run in this process by the same runtime at the batch ferry formed. Writes the
 section "OpenVINO beside ONNX Runtime" of bench/RESULTS.md.
 """
 import datetime
@@ -53,6 +54,41 @@ def build():
     return repo, names
 
 
+def in_process(repo, name, batch, seconds=3.0):
+    """The same file in this process, as ferry runs it (OpenVINO with ferry's properties, or ONNX
+    Runtime with 2 intra-op threads), at `batch` rows (rounded): rows/s and one call's p50 (ms)."""
+    import time
+    path = os.path.join(repo, name, "1", "model.onnx")
+    batch = max(1, round(batch))
+    if name.endswith("_ort"):
+        import onnxruntime as ort
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads, opts.inter_op_num_threads = 2, 1
+        session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        meta = session.get_inputs()[0]
+        x = np.random.default_rng(0).random([batch] + [d for d in meta.shape[1:]], dtype=np.float32)
+        call = lambda: session.run(None, {meta.name: x})
+    else:
+        core = openvino.Core()
+        model = core.read_model(path)
+        model.reshape({model.inputs[0]: openvino.PartialShape([batch] + list(model.inputs[0].partial_shape)[1:])})
+        props = {"PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": "1", "INFERENCE_NUM_THREADS": "2"}
+        if name.endswith("_ov_f32"):
+            props["INFERENCE_PRECISION_HINT"] = "f32"
+        compiled = core.compile_model(model, "CPU", props)
+        request = compiled.create_infer_request()
+        shape = [int(d) for d in compiled.inputs[0].shape]
+        x = np.random.default_rng(0).random(shape, dtype=np.float32)
+        call = lambda: request.infer({0: x})
+    call()
+    times, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    return batch * len(times) / sum(times), 1000 * float(np.median(times))
+
+
 def main():
     repo, names = build()
     rows = run.grpc_sweep(repo, names, INTERVAL_MS)
@@ -62,16 +98,20 @@ def main():
         f"Commit `{run.commit_label()}`, {datetime.date.today()}, {os.cpu_count()} cores "
         f"({'with' if bf16 else 'without'} bfloat16 units), release build, OpenVINO {openvino.get_version().split('-')[0]} "
         f"(PyPI) and ONNX Runtime (the test venv's), the same ONNX file each, one CPU instance, 2 threads, "
-        f"perf_analyzer over gRPC, batch 1 per request, the reference's dynamic batching.",
+        f"perf_analyzer over gRPC, batch 1 per request, the reference's dynamic batching. \"In-process\" is the "
+        f"same file run from Python in this process by the same runtime with the same settings at the batch ferry "
+        f"formed (rounded).",
         "",
-        "| model | runtime | c | infer/s | p50 ms | p99 ms | batch formed |",
-        "|---|---|---|---|---|---|---|",
+        "| model | runtime | c | infer/s | p50 ms | p99 ms | batch formed | in-process rows/s at that batch | share | "
+        "in-process p50 ms of that call |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     label = {"ort": "ONNX Runtime", "ov_f32": "OpenVINO f32", "ov_default": "OpenVINO default (bf16)" if bf16 else "OpenVINO default"}
     for name, c, r, batch in rows:
         model, flavor = name.split("_small_")
+        ceiling, call_ms = in_process(repo, name, batch)
         lines.append(f"| {model}_small | {label[flavor]} | {c} | {r['throughput']:.0f} | {r['p50']:.2f} | "
-                     f"{r['p99']:.2f} | {batch:.1f} |")
+                     f"{r['p99']:.2f} | {batch:.1f} | {ceiling:.0f} | {r['throughput'] / ceiling:.2f} | {call_ms:.3f} |")
     tp = {(n, c): r["throughput"] for n, c, r, _ in rows}
     lines.append("")
     for model in ("cnn_small", "mlp_small"):

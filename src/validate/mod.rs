@@ -207,9 +207,14 @@ fn batch_rows(model: &str, schema: &Schema, slots: &[Option<InputTensor>]) -> Re
             Some(_) => {}
         }
     }
-    let (b, _) = rows.unwrap_or((1, ""));
+    let (b, first) = rows.unwrap_or((1, ""));
     let max = schema.max_batch_size as i64;
-    if b < 1 || b > max {
+    if b < 1 {
+        return Err(Error::invalid(format!(
+            "inference request batch-size must be >= 1 for '{model}' (input '{first}' has {b} rows in its batch dimension)"
+        )));
+    }
+    if b > max {
         return Err(Error::invalid(format!("inference request batch-size must be <= {max} for '{model}'")));
     }
     Ok(b as usize)

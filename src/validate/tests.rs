@@ -101,6 +101,11 @@ fn batch_rules() {
     assert!(m.starts_with("inference request batch-size must be <= 8 for 'simple'"), "{m}");
     let m = err(
         &schema,
+        request(vec![input("INPUT0", DataType::Int32, &[0, 16], 0), input("INPUT1", DataType::Int32, &[0, 16], 0)]),
+    );
+    assert!(m.starts_with("inference request batch-size must be >= 1 for 'simple' (input 'INPUT0' has 0 rows"), "{m}");
+    let m = err(
+        &schema,
         request(vec![input("INPUT0", DataType::Int32, &[2, 16], 128), input("INPUT1", DataType::Int32, &[1, 16], 64)]),
     );
     assert_eq!(m, "input 'INPUT1' batch size does not match other inputs for 'simple'");

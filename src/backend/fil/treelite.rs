@@ -221,22 +221,24 @@ impl Checkpoint {
         }
     }
 
+    /// One target's class values, postprocessed. As in Treelite, the element-wise
+    /// postprocessors (all but softmax and multiclass_ova) change only the first value.
     fn postprocess<T: Real>(&self, values: &mut [T]) {
         let one = T::of(1.0);
         let alpha = T::of(f64::from(self.sigmoid_alpha));
+        let first = &mut values[..1];
         match self.post {
             Post::Identity => {}
-            Post::SignedSquare => values.iter_mut().for_each(|v| *v = (*v * *v).copysign(*v)),
-            Post::Hinge => values.iter_mut().for_each(|v| *v = if *v > T::default() { one } else { T::default() }),
-            Post::Sigmoid | Post::MulticlassOva => {
-                values.iter_mut().for_each(|v| *v = one / (one + (-alpha * *v).exp()))
-            }
-            Post::Exponential => values.iter_mut().for_each(|v| *v = v.exp()),
+            Post::SignedSquare => first.iter_mut().for_each(|v| *v = (*v * *v).copysign(*v)),
+            Post::Hinge => first.iter_mut().for_each(|v| *v = if *v > T::default() { one } else { T::default() }),
+            Post::Sigmoid => first.iter_mut().for_each(|v| *v = one / (one + (-alpha * *v).exp())),
+            Post::MulticlassOva => values.iter_mut().for_each(|v| *v = one / (one + (-alpha * *v).exp())),
+            Post::Exponential => first.iter_mut().for_each(|v| *v = v.exp()),
             Post::ExponentialStandardRatio => {
                 let ratio = T::of(f64::from(self.ratio_c));
-                values.iter_mut().for_each(|v| *v = (-*v / ratio).exp2())
+                first.iter_mut().for_each(|v| *v = (-*v / ratio).exp2())
             }
-            Post::LogarithmOnePlusExp => values.iter_mut().for_each(|v| *v = v.exp().ln_1p()),
+            Post::LogarithmOnePlusExp => first.iter_mut().for_each(|v| *v = v.exp().ln_1p()),
             Post::Softmax => {
                 // Treelite's softmax: float32 terms, summed in float64.
                 let max = values.iter().fold(f32::NEG_INFINITY, |m, v| m.max(v.get() as f32));

@@ -11,6 +11,8 @@ const MAX_TREES: usize = 1 << 20;
 const MAX_TARGETS: usize = 1 << 10;
 /// Most categories the forest's categorical splits may list in all.
 const MAX_CATEGORIES: usize = 1 << 24;
+/// Most leaf-vector values the forest's leaves may hold in all (1 GiB of float64).
+const MAX_LEAF_VALUES: usize = 1 << 27;
 
 /// Treelite's TypeInfo numbering of the threshold and leaf types.
 const FLOAT32: u8 = 2;
@@ -248,14 +250,11 @@ pub fn read(bytes: &[u8]) -> Result<Checkpoint, String> {
         if target < -1 || target >= targets as i32 {
             return Err(what(&format!("target_id is {target}; expected -1 to {}", targets - 1)));
         }
-        // A class must exist in every target the tree adds to.
-        let fewest = if target < 0 {
-            forest.classes.iter().copied().min().unwrap_or(1)
-        } else {
-            forest.classes[target as usize]
-        };
-        if class < -1 || class >= fewest as i32 {
-            return Err(what(&format!("class_id is {class}; expected -1 to {}", fewest - 1)));
+        // A class of the tree's target; for all targets (-1), any of the widest target's (GTIL
+        // adds to the padding of narrower targets, which the output keeps as it is).
+        let classes = if target < 0 { max_class } else { forest.classes[target as usize] };
+        if class < -1 || class >= classes as i32 {
+            return Err(what(&format!("class_id is {class}; expected -1 to {}", classes - 1)));
         }
         // The leaf vector each of the tree's leaves must hold, as GTIL lays them out.
         let expected = match (target, class) {
@@ -338,7 +337,6 @@ fn read_tree(
     r.skip_extensions(&what("the nodes' extension slot"))?;
 
     let offset = forest.nodes.len();
-    let vector_offset = forest.leaf_values.len();
     let absolute = |i: usize| u32::try_from(offset + i).map_err(|_| what("the forest is too large"));
     let mut nodes = Vec::with_capacity(n);
     for i in 0..n {
@@ -346,7 +344,7 @@ fn read_tree(
         let (mut l, mut rt, mut feature) = (0u32, 0u32, 0u32);
         let mut vector = (0u32, 0u32);
         let test = if left[i] == -1 {
-            let s = span(vector_begin[i], vector_end[i], vectors.len(), vector_offset, &node("its leaf vector"))?;
+            let s = span(vector_begin[i], vector_end[i], vectors.len(), 0, &node("its leaf vector"))?;
             let len = (s.1 - s.0) as usize;
             if len > 0 && (len != expected.0 * expected.1 || shape != expected) {
                 return Err(node(&format!(
@@ -410,7 +408,19 @@ fn read_tree(
             node.span = (begin as u32, forest.categories.len() as u32);
         }
     }
+    // Only the leaf vectors leaves use are kept (a file may hold more), each once.
+    let mut copied = std::collections::HashMap::new();
+    for node in nodes.iter_mut().filter(|n| n.test == Test::Leaf && n.span.0 != n.span.1) {
+        let (b, e) = (node.span.0 as usize, node.span.1 as usize);
+        let begin = *copied.entry((b, e)).or_insert_with(|| {
+            forest.leaf_values.extend_from_slice(&vectors[b..e]);
+            forest.leaf_values.len() - (e - b)
+        });
+        if forest.leaf_values.len() > MAX_LEAF_VALUES {
+            return Err(what(&format!("its leaves hold more than {MAX_LEAF_VALUES} leaf-vector values in all")));
+        }
+        node.span = (begin as u32, (begin + e - b) as u32);
+    }
     forest.nodes.extend(nodes);
-    forest.leaf_values.extend(vectors);
     Ok(())
 }

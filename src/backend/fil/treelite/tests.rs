@@ -259,3 +259,46 @@ fn a_header_out_of_bounds_is_refused() {
     let vector = Model { ids: vec![(0, -1)], ..Model::regression(vec![stump(0, 0.5, 1.0, 2.0)], 0.0) };
     assert!(refused(&vector.bytes()).contains("single leaf value"));
 }
+
+#[test]
+fn element_wise_postprocessors_change_only_each_targets_first_value_as_treelites() {
+    let mut t = stump(0, 0.0, 0.0, 0.0);
+    t.vectors = vec![-1.5, 0.7, 2.0];
+    t.vector_span = vec![(0, 0), (0, 3), (0, 3)];
+    let model = |post| Model {
+        task: 2,
+        average: false,
+        classes: vec![3],
+        shape: [1, 3],
+        ids: vec![(0, -1)],
+        post,
+        base: vec![0.0; 3],
+        trees: vec![t.clone()],
+    };
+    let sigmoid = predict(&model("sigmoid").bytes(), &[[0.0, 0.0]]);
+    assert!((sigmoid[0] - 1.0 / (1.0 + 1.5f32.exp())).abs() < 1e-6 && sigmoid[1..] == [0.7, 2.0], "{sigmoid:?}");
+    assert_eq!(predict(&model("hinge").bytes(), &[[0.0, 0.0]]), vec![0.0, 0.7, 2.0]);
+    let ova = predict(&model("multiclass_ova").bytes(), &[[0.0, 0.0]]);
+    assert!((ova[2] - 1.0 / (1.0 + (-2.0f32).exp())).abs() < 1e-6, "{ova:?}");
+}
+
+#[test]
+fn a_tree_for_all_targets_may_add_to_a_narrower_targets_padding_and_unused_vectors_are_dropped() {
+    // Two targets of 3 and 2 classes; a tree for every target adds to class 2 (padding of the second).
+    let mut t = stump(0, 0.0, 0.0, 0.0);
+    t.vectors = vec![1.0, 2.0, 99.0, 99.0, 99.0];
+    t.vector_span = vec![(0, 0), (0, 2), (0, 2)];
+    let m = Model {
+        task: 1,
+        average: false,
+        classes: vec![3, 2],
+        shape: [2, 1],
+        ids: vec![(-1, 2)],
+        post: "identity",
+        base: vec![0.0; 6],
+        trees: vec![t],
+    };
+    let forest = read(&m.bytes()).unwrap();
+    assert_eq!(forest.leaf_values, vec![1.0, 2.0]);
+    assert_eq!(predict(&m.bytes(), &[[0.0, 0.0]]), vec![0.0, 0.0, 1.0, 0.0, 0.0, 2.0]);
+}
