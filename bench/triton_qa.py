@@ -46,6 +46,7 @@ PORTS = (8000, 8001, 8002)
 DROPPED_FLAGS = ("--backend-directory", "--cuda-memory-pool-byte-size")  # ferry lacks these
 BASE = ["--log-verbose=1"]  # test.sh's BASE_SERVER_ARGS, less --backend-directory
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_GPU = shutil.which("nvidia-smi") is not None and subprocess.run(["nvidia-smi"], capture_output=True).returncode == 0
 TORCH_RE = re.compile(r"^\s*(import|from)\s+torch\b", re.M)
 
 
@@ -104,6 +105,9 @@ DECOUPLED = "model_transaction_policy { decoupled: True }"
 SQUARE = M("square_int32", "examples/decoupled", [("square_model.py", "model.py")],
            "square_config.pbtxt", root="pb")
 TORCH = "needs torch"
+# With torch, some models move tensors to CUDA: without a GPU their response thread dies and the
+# test waits for ever.
+GPU = "needs a GPU when torch is present"
 PB = "needs python_backend's square_int32"
 
 
@@ -187,7 +191,7 @@ SUITES = {
             M("dlpack_square"), M("identity_fp32_timeout")],
             BASE + ["--cuda-memory-pool-byte-size=0:67108864"], env={"BLS_KIND": "non_decoupled"},
             log="bls_non_decoupled.64.inference_server.log",
-            runs=[R(SHM_LEAK, m, {"MODEL_NAME": m}, "" if "memory" in m else "torch")
+            runs=[R(SHM_LEAK, m, {"MODEL_NAME": m}, "" if "memory" in m else "gpu")
                   for m in ("bls", "bls_memory", "bls_memory_async", "bls_async")],
             checks=[("Request timeout: 11000000000", ">=", 1, "torch")]),
         Phase("bls_init_error", [M("bls_init_error")], expect="fail",
@@ -205,7 +209,7 @@ SUITES = {
                  M("execute_cancel", append=[DECOUPLED]), M("response_sender_until_cancelled"),
                  SQUARE, M("dlpack_add_sub")],
         log="decoupled_server.log", runs=[R("decoupled_test.py")],
-        skip={"DecoupledTest::test_decoupled_bls": TORCH + " (decoupled_bls, dlpack_add_sub)",
+        skip={"DecoupledTest::test_decoupled_bls": TORCH + " (decoupled_bls, dlpack_add_sub); " + GPU,
               "DecoupledTest::test_decoupled_bls_stream": PB + " (--python-backend)"},
         checks=[(m, ">=", 1, "torch") for m in ("Specific Msg!", "Info Msg!", "Warning Msg!",
                                                 "Error Msg!")]  # logged by decoupled_bls
@@ -478,6 +482,8 @@ def one_line(text):
 def active(why, ctx):
     """Whether a skip applies here: torch ones only without torch, python_backend ones only
     without a checkout, the rest always."""
+    if GPU in why:
+        return not (HAS_TORCH and HAS_GPU)
     if TORCH in why:
         return not HAS_TORCH
     if PB in why:
@@ -656,9 +662,9 @@ def run_phase(ctx, ph, cwd, logs):
                             "passed" if code == 200 else "failed",
                             "" if code == 200 else f"{code}: {one_line(text)}"))
         for i, r in enumerate(ph.runs):
-            if r["needs"] == "torch" and not HAS_TORCH:
+            if r["needs"] in ("torch", "gpu") and not HAS_TORCH or r["needs"] == "gpu" and not HAS_GPU:
                 tid = r["target"] + (f"[{r['tag']}]" if r["tag"] else "")
-                results.append((tid, "skipped", TORCH))
+                results.append((tid, "skipped", TORCH if not HAS_TORCH else GPU))
                 continue
             renv = dict(env, **r["env"])
             results += run_pytest(ctx, cwd, r, renv, ph.skip, logs, f"{ph.name}.{i}")
