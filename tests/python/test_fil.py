@@ -151,6 +151,15 @@ model_warmup [{{ name: "w" batch_size: 4
     mt_edit("x_leaf_row_twice", lambda t: t["right_children"].__setitem__(first_leaf, t["right_children"][first_leaf + 1]))
     mt_edit("x_vector_size", lambda t: t["tree_param"].__setitem__("size_leaf_vector", "3"))
     mt_edit("x_leaf_weights", lambda t: t.__setitem__("leaf_weights", t["leaf_weights"][:-1]))
+    # What XGBoost's multi-target reader takes as given (a missing one crashes it), and XGBoost
+    # 2's layout, which it reads the same way.
+    mt_edit("x_mt_no_loss", lambda t: t.pop("loss_changes"))
+    mt_edit("x_mt_no_hessian", lambda t: t.pop("sum_hessian"))
+
+    def v2_layout(t):
+        t.pop("leaf_weights")
+        t["right_children"] = [r if l != -1 else -1 for l, r in zip(t["left_children"], t["right_children"])]
+    mt_edit("x_mt_v2", v2_layout)
 
     # Without a batch dimension, and any row width in the config: the backend checks the width.
     write(repo, "xgb_nobatch", {"xgboost.json": saved(binary, "json")}, {"model_type": "xgboost_json"}, io=False,
@@ -291,7 +300,9 @@ HOSTILE = {
     "x_category_order": "but the categorical splits are nodes",
     "x_targets_class": "output_class and predict_proba take a model of one target; this one predicts 2",
     "x_leaf_row_far": "names leaf weights row 100000000", "x_leaf_row_twice": "one another leaf has",
-    "x_vector_size": "leaf vectors of 3 values in a model of 2 targets", "x_leaf_weights": "leaf weights for leaf vectors of 2", "x_category_none": "outside the categories (0 + 0)", "x_escape": "\\u escape",
+    "x_vector_size": "leaf vectors of 3 values in a model of 2 targets", "x_leaf_weights": "leaf weights for leaf vectors of 2",
+    "x_mt_no_loss": "without loss_changes or sum_hessian", "x_mt_no_hessian": "without loss_changes or sum_hessian",
+    "x_mt_v2": "XGBoost 2's layout", "x_category_none": "outside the categories (0 + 0)", "x_escape": "\\u escape",
     "x_ubj_twice": "appears twice", "l_carriage": "appears twice", "l_after_blank": "a line between trees",
 }
 

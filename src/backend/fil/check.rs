@@ -423,10 +423,20 @@ fn xgb_tree(t: &Tree, features: u64, targets: u64) -> Result<usize, String> {
     if vector > 1 && vector != targets {
         return Err(format!("leaf vectors of {vector} values in a model of {targets} targets"));
     }
-    // XGBoost 3's multi-target trees: a leaf's right child is its row of leaf_weights.
+    // XGBoost 3's multi-target trees: a leaf's right child is its row of leaf_weights. XGBoost's
+    // reader of them takes leaf_weights, loss_changes and sum_hessian as given (a missing one
+    // crashes it), and XGBoost 2's layout (no leaf_weights) is read the same way.
     let leaf_rows = match (&t.leaf_weights, vector > 1) {
+        (_, true) if t.loss_changes.is_none() || t.sum_hessian.is_none() => {
+            return Err("a multi-target tree without loss_changes or sum_hessian".into());
+        }
         (Some(w), true) if w.0 % vector as usize == 0 => Some(w.0 / vector as usize),
         (Some(w), true) => return Err(format!("{} leaf weights for leaf vectors of {vector}", w.0)),
+        (None, true) => {
+            return Err("a multi-target tree without leaf_weights (XGBoost 2's layout, which XGBoost 3 cannot read \
+                        safely): train the model again with XGBoost 3"
+                .into());
+        }
         _ => None,
     };
     for (key, len) in [

@@ -94,7 +94,15 @@ impl OpenVinoBackend {
         if self.name != "tensorflow" || name.is_empty() || name == "serving_default" || !path.is_dir() {
             return Ok(None);
         }
+        // The folder's own checks (regular files, at most 10,000 entries) before it is linked.
+        readable(path)?;
         signature::resigned(path, name).map(Some)
+    }
+
+    /// An error about the copy, naming the model's own folder instead.
+    fn original(copy: &tempfile::TempDir, path: &Path) -> impl Fn(String) -> String {
+        let (copy, path) = (copy.path().display().to_string(), path.display().to_string());
+        move |e: String| e.replace(&copy, &path)
     }
 }
 
@@ -128,7 +136,9 @@ impl Backend for OpenVinoBackend {
         let Some(copy) = self.signature_copy(model_path, config).map_err(named)? else {
             return Ok(());
         };
-        let io = self.model_io(copy.path())?;
+        let io = self
+            .model_io(copy.path())
+            .map_err(|e| named(Self::original(&copy, model_path)(e.message().to_string())))?;
         let dims = |t: &TensorInfo| {
             if config.max_batch_size > 0 && !t.shape.is_empty() { t.shape[1..].to_vec() } else { t.shape.clone() }
         };
@@ -172,7 +182,10 @@ impl Backend for OpenVinoBackend {
         readable(spec.model_path).map_err(named)?;
         let core = self.shared.core()?;
         let copy = self.signature_copy(spec.model_path, config).map_err(named)?;
-        let mut model = core.read(copy.as_ref().map_or(spec.model_path, |c| c.path())).map_err(named)?;
+        let mut model = match &copy {
+            Some(c) => core.read(c.path()).map_err(|e| named(Self::original(c, spec.model_path)(e)))?,
+            None => core.read(spec.model_path).map_err(named)?,
+        };
         let batching = config.max_batch_size > 0;
         let (inputs, _) = self.ports(&model).map_err(named)?;
         let reshapes = params.reshapes(config, &inputs).map_err(named)?;

@@ -30,37 +30,46 @@ fn varint(b: &[u8], at: &mut usize) -> Result<u64, String> {
     Err("a varint longer than ten bytes".into())
 }
 
-fn fields(b: &[u8]) -> Result<Vec<Field<'_>>, String> {
-    let mut out = Vec::new();
+/// A message's fields, one at a time (a file may hold millions: none is collected).
+fn fields(b: &[u8]) -> impl Iterator<Item = Result<Field<'_>, String>> {
     let mut at = 0;
-    while at < b.len() {
-        let start = at;
-        let key = varint(b, &mut at)?;
-        let payload = match key & 7 {
-            0 => {
-                varint(b, &mut at)?;
-                None
+    std::iter::from_fn(move || {
+        if at >= b.len() {
+            return None;
+        }
+        let field = field_at(b, &mut at);
+        if field.is_err() {
+            at = b.len();
+        }
+        Some(field)
+    })
+}
+
+fn field_at<'a>(b: &'a [u8], at: &mut usize) -> Result<Field<'a>, String> {
+    let start = *at;
+    let key = varint(b, at)?;
+    let payload = match key & 7 {
+        0 => {
+            varint(b, at)?;
+            None
+        }
+        1 | 5 => {
+            let n = if key & 7 == 1 { 8 } else { 4 };
+            if b.len() - *at < n {
+                return Err("a fixed-width field runs past the end".into());
             }
-            1 | 5 => {
-                let n = if key & 7 == 1 { 8 } else { 4 };
-                if b.len() - at < n {
-                    return Err("a fixed-width field runs past the end".into());
-                }
-                at += n;
-                None
-            }
-            2 => {
-                let len = varint(b, &mut at)?;
-                let len =
-                    usize::try_from(len).ok().filter(|&l| l <= b.len() - at).ok_or("a field runs past the end")?;
-                at += len;
-                Some(&b[at - len..at])
-            }
-            w => return Err(format!("wire type {w}, which a SavedModel does not use")),
-        };
-        out.push(Field { number: key >> 3, raw: &b[start..at], payload });
-    }
-    Ok(out)
+            *at += n;
+            None
+        }
+        2 => {
+            let len = varint(b, at)?;
+            let len = usize::try_from(len).ok().filter(|&l| l <= b.len() - *at).ok_or("a field runs past the end")?;
+            *at += len;
+            Some(&b[*at - len..*at])
+        }
+        w => return Err(format!("wire type {w}, which a SavedModel does not use")),
+    };
+    Ok(Field { number: key >> 3, raw: &b[start..*at], payload })
 }
 
 fn put_varint(out: &mut Vec<u8>, mut v: u64) {
@@ -79,7 +88,13 @@ fn put_bytes(out: &mut Vec<u8>, number: u64, payload: &[u8]) {
 
 /// A signature_def map entry's key, and its bytes with the key renamed.
 fn entry_key(entry: &[u8]) -> Result<String, String> {
-    let key = fields(entry)?.into_iter().find(|f| f.number == 1).and_then(|f| f.payload).unwrap_or_default();
+    let mut key: &[u8] = &[];
+    for f in fields(entry) {
+        let f = f?;
+        if f.number == 1 {
+            key = f.payload.unwrap_or_default();
+        }
+    }
     String::from_utf8(key.to_vec()).map_err(|_| "a signature name that is not UTF-8".into())
 }
 
@@ -89,13 +104,15 @@ pub fn rename(pb: &[u8], name: &str) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(pb.len() + 16);
     let mut found = Vec::new();
     let mut renamed = false;
-    for f in fields(pb)? {
+    for f in fields(pb) {
+        let f = f?;
         let (2, Some(meta)) = (f.number, f.payload) else {
             out.extend_from_slice(f.raw);
             continue;
         };
         let mut graph = Vec::with_capacity(meta.len() + 16);
-        for g in fields(meta)? {
+        for g in fields(meta) {
+            let g = g?;
             let (5, Some(entry)) = (g.number, g.payload) else {
                 graph.extend_from_slice(g.raw);
                 continue;
@@ -104,8 +121,11 @@ pub fn rename(pb: &[u8], name: &str) -> Result<Vec<u8>, String> {
             if key == name {
                 let mut e = Vec::with_capacity(entry.len());
                 put_bytes(&mut e, 1, SERVING_DEFAULT.as_bytes());
-                for part in fields(entry)?.into_iter().filter(|p| p.number != 1) {
-                    e.extend_from_slice(part.raw);
+                for part in fields(entry) {
+                    let part = part?;
+                    if part.number != 1 {
+                        e.extend_from_slice(part.raw);
+                    }
                 }
                 put_bytes(&mut graph, 5, &e);
                 renamed = true;
@@ -180,13 +200,12 @@ mod tests {
     }
 
     fn signatures(pb: &[u8]) -> Vec<(String, Vec<u8>)> {
-        let meta = fields(pb).unwrap().into_iter().find(|f| f.number == 2).unwrap().payload.unwrap();
+        let meta = fields(pb).map(Result::unwrap).find(|f| f.number == 2).unwrap().payload.unwrap();
         fields(meta)
-            .unwrap()
-            .into_iter()
+            .map(Result::unwrap)
             .filter(|f| f.number == 5)
             .map(|f| {
-                let parts = fields(f.payload.unwrap()).unwrap();
+                let parts: Vec<_> = fields(f.payload.unwrap()).map(Result::unwrap).collect();
                 let value = parts.iter().find(|p| p.number == 2).unwrap().payload.unwrap().to_vec();
                 (entry_key(f.payload.unwrap()).unwrap(), value)
             })

@@ -178,7 +178,7 @@ class Tensor:
             torch = _torch()
             import warnings
             with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # a read-only view of the request: never written
+                warnings.simplefilter("ignore")  # a view of this request's input (torch cannot mark it read-only)
                 bits = torch.from_numpy(np.ascontiguousarray(self._array).view(np.int16))
             return torch.utils.dlpack.to_dlpack(bits.view(torch.bfloat16))
         return self._array.__dlpack__()
