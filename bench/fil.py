@@ -13,7 +13,6 @@ of one call at batch 1. Writes the section "Tree models (FIL)" of bench/RESULTS.
 import datetime
 import os
 import sys
-import time
 
 import lightgbm as lgb
 import numpy as np
@@ -64,14 +63,7 @@ def build():
 def in_process(predict, batch):
     """Rows per second at `batch`, and the p50 of one call, in ms."""
     x = np.random.default_rng(1).normal(size=(max(1, round(batch)), FEATURES)).astype(np.float32)
-    for _ in range(20):
-        predict(x)
-    times, start = [], time.perf_counter()
-    while time.perf_counter() - start < 3:
-        t = time.perf_counter()
-        predict(x)
-        times.append(time.perf_counter() - t)
-    return len(times) * x.shape[0] / sum(times), float(np.median(times)) * 1000
+    return run.time_calls(lambda: predict(x), x.shape[0], warm=20)
 
 
 def main():

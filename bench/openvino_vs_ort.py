@@ -57,7 +57,6 @@ def build():
 def in_process(repo, name, batch, seconds=3.0):
     """The same file in this process, as ferry runs it (OpenVINO with ferry's properties, or ONNX
     Runtime with 2 intra-op threads), at `batch` rows (rounded): rows/s and one call's p50 (ms)."""
-    import time
     path = os.path.join(repo, name, "1", "model.onnx")
     batch = max(1, round(batch))
     if name.endswith("_ort"):
@@ -80,13 +79,7 @@ def in_process(repo, name, batch, seconds=3.0):
         shape = [int(d) for d in compiled.inputs[0].shape]
         x = np.random.default_rng(0).random(shape, dtype=np.float32)
         call = lambda: request.infer({0: x})
-    call()
-    times, end = [], time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        t = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - t)
-    return batch * len(times) / sum(times), 1000 * float(np.median(times))
+    return run.time_calls(call, batch, seconds, warm=1)
 
 
 def main():

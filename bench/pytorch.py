@@ -13,7 +13,6 @@ batch ferry formed, and beside the same model exported to ONNX in ferry. Writes 
 import datetime
 import os
 import sys
-import time
 
 import numpy as np
 import torch
@@ -109,13 +108,7 @@ def in_process(model, shape, batch):
     """Rows per second of the model in this process at `batch`, PyTorch's own threads."""
     x = torch.randn(max(1, round(batch)), *shape)
     with torch.inference_mode():
-        for _ in range(3):
-            model(x)
-        n, start = 0, time.perf_counter()
-        while time.perf_counter() - start < 3:
-            model(x)
-            n += 1
-    return n * x.shape[0] / (time.perf_counter() - start)
+        return run.time_calls(lambda: model(x), x.shape[0])[0]
 
 
 def main():

@@ -17,6 +17,7 @@ import json
 import os
 import re
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -111,6 +112,19 @@ def perf(model, url, protocol, concurrency, data, interval_ms):
         "p50": us("p50 latency") / 1000, "p99": us("p99 latency") / 1000,
         "queue": us("Server Queue"), "compute": us("Server Compute Input") + us("Server Compute Infer") + us("Server Compute Output"),
     }
+
+
+def time_calls(call, rows, seconds=3.0, warm=3):
+    """`call()` repeated for `seconds` after `warm` untimed calls, each computing `rows` rows:
+    rows per second, and the p50 of one call in ms."""
+    for _ in range(warm):
+        call()
+    times, end = [], time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        t = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - t)
+    return rows * len(times) / sum(times), 1000 * statistics.median(times)
 
 
 def grpc_sweep(repo, names, interval_ms, extra=(), concurrencies=(1, 16)):

@@ -2,6 +2,7 @@
 //! configured path (a flag or an environment variable), next to the ferry binary, then the
 //! framework's package in `python3`'s site-packages.
 use std::{
+    ffi::{CStr, c_char},
     path::{Path, PathBuf},
     process::Command,
     sync::{Arc, OnceLock},
@@ -178,4 +179,16 @@ mod tests {
         assert!(locate(&LIGHTGBM, Some(dir.path())).unwrap().path.ends_with("lib_lightgbm.so"));
         assert!(locate(&XGBOOST, Some(dir.path())).unwrap().path.ends_with("libxgboost.so"));
     }
+}
+
+/// A framework's C string (its last error message, mostly) as text; null is empty.
+///
+/// # Safety
+/// `p` is null or points to a NUL-terminated string that stays valid during the call.
+pub unsafe fn text(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: as the caller promises.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }

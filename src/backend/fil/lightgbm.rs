@@ -1,13 +1,13 @@
 //! LightGBM's C API (`lib_lightgbm.so`, loaded at run time): a booster from a model text file and
 //! its prediction over a dense row-major FP32 batch (a prepared single-row path for batch 1).
 use std::{
-    ffi::{CStr, CString, c_char, c_int, c_void},
+    ffi::{CString, c_char, c_int, c_void},
     path::Path,
     sync::Arc,
 };
 
 use super::Forest;
-use crate::backend::library::symbol;
+use crate::backend::library::{self, symbol};
 
 type Handle = *mut c_void;
 
@@ -68,10 +68,7 @@ impl Api {
             return Ok(());
         }
         // SAFETY: LGBM_GetLastError returns a NUL-terminated, thread-local string.
-        let msg = unsafe {
-            let p = (self.last_error)();
-            if p.is_null() { String::new() } else { CStr::from_ptr(p).to_string_lossy().into_owned() }
-        };
+        let msg = unsafe { library::text((self.last_error)()) };
         Err(format!("LightGBM {what} failed: {}", tidy(&msg)))
     }
 }

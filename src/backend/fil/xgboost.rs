@@ -2,13 +2,13 @@
 //! (JSON or UBJSON, told apart by XGBoost from the bytes) and its in-place
 //! prediction over a dense row-major FP32 batch.
 use std::{
-    ffi::{CStr, CString, c_char, c_int, c_void},
+    ffi::{CString, c_char, c_int, c_void},
     path::Path,
     sync::Arc,
 };
 
 use super::Forest;
-use crate::backend::library::symbol;
+use crate::backend::library::{self, symbol};
 
 type Handle = *mut c_void;
 
@@ -56,10 +56,7 @@ impl Api {
             return Ok(());
         }
         // SAFETY: XGBGetLastError returns a NUL-terminated, thread-local string (or null).
-        let msg = unsafe {
-            let p = (self.last_error)();
-            if p.is_null() { String::new() } else { CStr::from_ptr(p).to_string_lossy().into_owned() }
-        };
+        let msg = unsafe { library::text((self.last_error)()) };
         Err(format!("XGBoost {what} failed: {}", tidy(&msg)))
     }
 }

@@ -6,7 +6,10 @@ use std::{
     sync::{Arc, Mutex},
 };
 
-use crate::{backend::library::symbol, tensor::DataType};
+use crate::{
+    backend::library::{self, symbol},
+    tensor::DataType,
+};
 
 type Handle = *mut c_void;
 
@@ -243,7 +246,7 @@ impl Api {
             if p.is_null() {
                 return String::new();
             }
-            let s = CStr::from_ptr(p).to_string_lossy().into_owned();
+            let s = library::text(p);
             (self.free_string)(p);
             s
         }
