@@ -151,6 +151,18 @@ fn python_package(framework: &Framework) -> Option<PathBuf> {
     find_in_dir(framework, &dir.join(framework.package_dir))
 }
 
+/// A framework's C string (its last error message, mostly) as text; null is empty.
+///
+/// # Safety
+/// `p` is null or points to a NUL-terminated string that stays valid during the call.
+pub unsafe fn text(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: as the caller promises.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,16 +191,4 @@ mod tests {
         assert!(locate(&LIGHTGBM, Some(dir.path())).unwrap().path.ends_with("lib_lightgbm.so"));
         assert!(locate(&XGBOOST, Some(dir.path())).unwrap().path.ends_with("libxgboost.so"));
     }
-}
-
-/// A framework's C string (its last error message, mostly) as text; null is empty.
-///
-/// # Safety
-/// `p` is null or points to a NUL-terminated string that stays valid during the call.
-pub unsafe fn text(p: *const c_char) -> String {
-    if p.is_null() {
-        return String::new();
-    }
-    // SAFETY: as the caller promises.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
