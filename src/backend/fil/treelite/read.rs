@@ -124,14 +124,11 @@ fn index(v: i32, bound: usize, what: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("{what} is {v}; expected 0 to {}", bound as i64 - 1))
 }
 
-/// A span of a tree's `[begin, end)` in an array of `len`, moved to `offset` in the forest's.
-fn span(begin: u64, end: u64, len: usize, offset: usize, what: &str) -> Result<(u32, u32), String> {
-    let fits = |v: u64| usize::try_from(v).ok().filter(|&v| v <= len);
+/// A span `[begin, end)` of one of a tree's arrays, of `len` items.
+fn span(begin: u64, end: u64, len: usize, what: &str) -> Result<(u32, u32), String> {
+    let fits = |v: u64| u32::try_from(v).ok().filter(|&v| v as usize <= len);
     match (fits(begin), fits(end)) {
-        (Some(b), Some(e)) if b <= e => {
-            let at = |v: usize| u32::try_from(offset + v).map_err(|_| format!("{what}: the forest is too large"));
-            Ok((at(b)?, at(e)?))
-        }
+        (Some(b), Some(e)) if b <= e => Ok((b, e)),
         _ => Err(format!("{what} spans {begin}..{end} of an array of {len}")),
     }
 }
@@ -344,7 +341,7 @@ fn read_tree(
         let (mut l, mut rt, mut feature) = (0u32, 0u32, 0u32);
         let mut vector = (0u32, 0u32);
         let test = if left[i] == -1 {
-            let s = span(vector_begin[i], vector_end[i], vectors.len(), 0, &node("its leaf vector"))?;
+            let s = span(vector_begin[i], vector_end[i], vectors.len(), &node("its leaf vector"))?;
             let len = (s.1 - s.0) as usize;
             if len > 0 && (len != expected.0 * expected.1 || shape != expected) {
                 return Err(node(&format!(
@@ -364,7 +361,7 @@ fn read_tree(
             rt = absolute(index(right[i], n, &node("the right child"))?)?;
             feature = index(split[i], forest.features, &node("the split feature"))? as u32;
             if kinds[i] == 2 {
-                vector = span(category_begin[i], category_end[i], categories.len(), 0, &node("its categories"))?;
+                vector = span(category_begin[i], category_end[i], categories.len(), &node("its categories"))?;
                 Test::Categorical { right: list_right[i] }
             } else {
                 Test::Numeric(match ops[i] {
