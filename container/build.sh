@@ -12,6 +12,10 @@
 #     1.26.0, the last built for CUDA 12: driver >= 525, what older SageMaker and Vertex hosts run)
 #   add --python for the Python image (container/Dockerfile.python, tag ferry:python by default):
 #                                                        the same on a Python base with numpy
+#   add --pytorch [--torch VERSION] for the PyTorch image (tag ferry:pytorch by default): the
+#     Python image with the official PyTorch from PyPI (default 2.15.0, the version the tests use)
+#     and the CUDA library wheels it needs even on a CPU; with --gpu, the GPU image's ONNX Runtime
+#     too. Wheels downloaded on the host are kept in container/.work/ for the next build.
 # Prints the image's size.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -19,6 +23,8 @@ cd "$root"
 tag=""
 from_host=false
 python=false
+pytorch=false
+torch_version=2.15.0
 profile=release
 binary=""
 gpu=false
@@ -32,6 +38,8 @@ while [ $# -gt 0 ]; do
     --gpu) gpu=true; shift ;;
     --cuda) cuda="$2"; shift 2 ;;
     --python) python=true; shift ;;
+    --pytorch) python=true; pytorch=true; shift ;;
+    --torch) torch_version="$2"; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -45,8 +53,10 @@ case "$cuda" in
   *) echo "--cuda takes 12 or 13, got '$cuda'" >&2; exit 2 ;;
 esac
 if [ -z "$tag" ]; then
-  if $python; then tag="ferry:python"; else tag="ferry:latest"; fi
+  if $pytorch; then tag="ferry:pytorch"; elif $python; then tag="ferry:python"; else tag="ferry:latest"; fi
 fi
+python_packages=""
+if $pytorch; then python_packages="torch==${torch_version}"; fi
 # The Python image starts from the plain one, built first under a tag of its own.
 final_tag="$tag"
 if $python; then tag="ferry.local/for-python:build"; fi
@@ -86,14 +96,25 @@ docker build "${args[@]}" -f container/Dockerfile -t "$tag" .
 find container/prebuilt -mindepth 1 ! -name README.md -delete
 if $python; then
   if $from_host; then
-    # numpy's wheel for the base's Python, so the build needs no index.
+    # The wheels for the base's Python (numpy; PyTorch and what it depends on), so the build
+    # needs no index; kept per package list, as PyTorch's are about 4 GB.
+    wheels="container/.work/wheels-$(echo "numpy $python_packages" | tr -c 'A-Za-z0-9.\n' '_')"
+    if [ ! -f "$wheels/.ready" ]; then
+      rm -rf "$wheels"
+      # Every manylinux tag the base's glibc (Debian 12: 2.36) runs.
+      platforms=(--platform manylinux2014_x86_64)
+      for minor in $(seq 17 36); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
+      # shellcheck disable=SC2086 # the package list splits on purpose
+      python3 -m pip download -q --only-binary=:all: "${platforms[@]}" --python-version 3.11 \
+        numpy $python_packages -d "$wheels"
+      touch "$wheels/.ready"
+    fi
     mkdir -p container/prebuilt/wheels
-    python3 -m pip download -q --no-deps --only-binary=:all: --platform manylinux_2_28_x86_64 \
-      --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --python-version 3.11 numpy \
-      -d container/prebuilt/wheels
+    cp -al "$wheels"/*.whl container/prebuilt/wheels/ 2>/dev/null || cp "$wheels"/*.whl container/prebuilt/wheels/
     bash container/bases.sh --python
   fi
-  docker build --pull=false --build-arg FERRY="$tag" -f container/Dockerfile.python -t "$final_tag" .
+  docker build --pull=false --build-arg FERRY="$tag" --build-arg "PYTHON_PACKAGES=$python_packages" \
+    -f container/Dockerfile.python -t "$final_tag" .
   find container/prebuilt -mindepth 1 ! -name README.md -delete
   docker rmi -f "$tag" >/dev/null
   tag="$final_tag"

@@ -176,6 +176,7 @@ def test_sigterm_during_requests_drains_and_exits_cleanly(image, tmp_path_factor
 
 
 PY_IMAGE = "ferry:pytest-python"
+TORCH_IMAGE = "ferry:pytest-pytorch"
 
 USES = '''
 import numpy as np
@@ -329,6 +330,62 @@ def test_the_python_image_runs_python_models_with_added_packages_and_env_archive
                 c.stop()
     finally:
         subprocess.run(["docker", "rmi", "-f", derived, PY_IMAGE], capture_output=True)
+
+
+def test_the_pytorch_image_serves_torchscript_and_aoti_models_on_its_own_pytorch(tmp_path):
+    """`container/build.sh --pytorch`: the Python image with the official PyTorch from PyPI, no
+    PyTorch on the host needed at run time. A TorchScript model and an AOTInductor package made by
+    the tests' PyTorch (the same version) serve from the image over HTTP, batched, with the outputs
+    PyTorch computed in-process."""
+    torch_python = os.environ.get("FERRY_TORCH_PYTHON")
+    if not torch_python:
+        if os.environ.get("FERRY_REQUIRE_TORCH") == "1":
+            raise RuntimeError("FERRY_REQUIRE_TORCH=1 but FERRY_TORCH_PYTHON is not set (source scripts/torch.sh)")
+        pytest.skip("no Python with PyTorch (FERRY_TORCH_PYTHON; scripts/torch.sh makes one)")
+    version = subprocess.run([torch_python, "-c", "import torch; print(torch.__version__.split('+')[0])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    made = tmp_path / "made"
+    made.mkdir()
+    subprocess.run([torch_python, os.path.join(ROOT, "tests", "python", "torch_models.py"), str(made / "repo"),
+                    "--aoti"], check=True, stdout=subprocess.DEVNULL)
+    expected = dict(np.load(made / "expected.npz"))
+    repo = tmp_path / "repo"
+    for name in ("mlp", "mlp_aoti"):
+        shutil.copytree(made / "repo" / name, repo / name)
+    subprocess.run(["chmod", "-R", "a+rX", str(repo)], check=True)
+    subprocess.run(["bash", os.path.join(ROOT, "container", "build.sh"), "--from-host", "--debug", "--pytorch",
+                    "--torch", version, "--tag", TORCH_IMAGE], check=True, stdout=subprocess.DEVNULL)
+    try:
+        c = Container(TORCH_IMAGE, ["-p", "127.0.0.1::8000", "-v", f"{repo}:/models:ro"],
+                      command=["--model-repository", "/models"], service="kserve", container_port=8000)
+        try:
+            port = c.ports["kserve"]
+            status, _, body = request(port, "POST", "/v2/repository/index", b"{}")
+            ready = {m["name"] for m in json.loads(body) if m.get("state") == "READY"}
+            assert ready == {"mlp", "mlp_aoti"}, (body, c.log())
+            x, want = expected["mlp_in"], expected["mlp_out"]
+
+            def infer(name, tin, part):
+                body = {"inputs": [{"name": tin, "shape": list(part.shape), "datatype": "FP32",
+                                    "data": part.flatten().tolist()}]}
+                status, _, out = request(port, "POST", f"/v2/models/{name}/infer", json.dumps(body).encode())
+                assert status == 200, (name, out)
+                return np.array(json.loads(out)["outputs"][0]["data"], np.float32).reshape(len(part), -1)
+
+            np.testing.assert_allclose(infer("mlp", "INPUT__0", x), want, rtol=1e-5, atol=1e-6)
+            # One row per request from 8 clients: the package's dynamic batch dimension batches them.
+            from concurrent.futures import ThreadPoolExecutor
+            with ThreadPoolExecutor(8) as pool:
+                got = list(pool.map(lambda k: infer("mlp_aoti", "ARGS[0]", x[k % 5:k % 5 + 1]), range(24)))
+            for k, g in enumerate(got):
+                np.testing.assert_allclose(g, want[k % 5:k % 5 + 1], rtol=1e-4, atol=1e-5)
+            status, _, body = request(port, "GET", "/v2/models/mlp_aoti/stats")
+            stats = json.loads(body)["model_stats"][0]
+            assert stats["inference_count"] == 24 and stats["execution_count"] < 24, stats
+        finally:
+            c.stop()
+    finally:
+        subprocess.run(["docker", "rmi", "-f", TORCH_IMAGE], capture_output=True)
 
 
 def test_the_helm_charts_pod_runs_in_the_image_as_the_kubelet_would(image, tmp_path):
