@@ -5,7 +5,7 @@ use std::{
     collections::BTreeMap,
     sync::{Arc, Condvar, Mutex, MutexGuard},
     thread::JoinHandle,
-    time::Instant,
+    time::{Duration, Instant},
 };
 
 use tokio::sync::oneshot;
@@ -30,7 +30,7 @@ pub mod sequence;
 pub use batcher::BatchPolicy;
 use queue::{Job, Queue};
 pub use queue::{LevelPolicy, QueuePolicy};
-use seats::{Recent, Seat, Slot, State};
+use seats::{LINGER_MAX, Recent, Seat, Slot, State};
 
 /// A queued request's one reply. Dropped before it arrives (its caller went away), the request
 /// leaves the queue at once if it is still there, and its bytes (and admission ticket) with it.
@@ -141,6 +141,12 @@ struct Shared {
     recent: Recent,
     /// Wakes the reaper: a request with a deadline arrived, or stop.
     reaper: Condvar,
+    /// Wakes the caller that waits out a short queue delay (`State::lingering`).
+    linger: Condvar,
+    /// The longest queue delay a caller waits out itself (`LINGER_MAX`; tests raise it).
+    linger_max: Duration,
+    /// Whether a reaper thread runs (requests can time out); without one, no wake is sent.
+    reaping: bool,
     batching: BatchPolicy,
     responder: Responder,
     /// Pending and executing gauges.
@@ -170,29 +176,52 @@ impl Shared {
     }
 
     /// With the request just queued: when the version is otherwise quiet (no batch running, no
-    /// other request queued), the model is light, an instance may run anywhere and the batcher
-    /// would run the request now, that request as a batch, taken for that instance. Under load
-    /// the instance threads run every batch, and the callers' threads stay free for the network.
-    fn claim_here(&self, q: &mut State) -> Option<(usize, Vec<Job>)> {
+    /// other request queued), the model is light and an instance may run anywhere, that instance
+    /// is taken for a batch on the caller's thread: at once when the batcher would run the
+    /// request now, else after the caller itself waited out a queue delay of at most
+    /// `LINGER_MAX` for company (what the instance's thread would have done, without the two
+    /// wake-ups). Under load the instance threads run every batch, and the callers' threads
+    /// stay free for the network.
+    fn claim_here<'a>(&'a self, mut q: MutexGuard<'a, State>) -> (MutexGuard<'a, State>, Option<(usize, Vec<Job>)>) {
         if q.len() != 1 || q.seats.iter().any(|s| s.busy) {
-            return None;
+            return (q, None);
         }
         let bytes = q.iter().map(Job::input_bytes).sum();
         if !self.recent.light_for(bytes) {
-            return None;
+            return (q, None);
         }
-        let i = q.free_anywhere()?;
-        let now = Instant::now();
-        self.answer_swept(q, now);
-        let pending =
-            q.iter().map(|j| batcher::Pending { rows: j.req.rows, enqueued: j.enqueued, key: &j.req.batch_key });
-        let batcher::Decision::Run(n) = batcher::decide(&self.batching, pending, now, q.stopping) else {
-            return None;
-        };
-        let jobs = q.take(n);
-        self.stats.running(jobs.len() as i64);
+        let Some(i) = q.free_anywhere() else { return (q, None) };
+        let linger = self.batching.max_delay <= self.linger_max;
         q.seats[i].busy = true;
-        Some((i, jobs))
+        loop {
+            let now = Instant::now();
+            self.answer_swept(&mut q, now);
+            let pending =
+                q.iter().map(|j| batcher::Pending { rows: j.req.rows, enqueued: j.enqueued, key: &j.req.batch_key });
+            match batcher::decide(&self.batching, pending, now, q.stopping) {
+                batcher::Decision::Run(n) => {
+                    q.lingering = false;
+                    let jobs = q.take(n);
+                    self.stats.running(jobs.len() as i64);
+                    return (q, Some((i, jobs)));
+                }
+                batcher::Decision::WaitUntil(at) if linger => {
+                    q.lingering = true;
+                    let at = q.next_deadline().map_or(at, |d| d.min(at));
+                    q = self
+                        .linger
+                        .wait_timeout(q, at.saturating_duration_since(now))
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                }
+                // Nothing left (swept), or a delay for the instance's thread to wait out.
+                _ => {
+                    q.lingering = false;
+                    q.seats[i].busy = false;
+                    return (q, None);
+                }
+            }
+        }
     }
 
     /// Runs a batch on instance `i` (whose seat is taken). A panic fails that batch only (its
@@ -362,7 +391,19 @@ impl Scheduler {
         policy: Policy,
         instances: Vec<Box<dyn ModelInstance>>,
         rebuild: Option<Rebuild>,
+        limits: Limits,
+    ) -> Result<Scheduler> {
+        Self::start_with(ctx, policy, instances, rebuild, limits, LINGER_MAX)
+    }
+
+    /// `start`, with callers waiting out queue delays up to `linger_max` themselves.
+    fn start_with(
+        ctx: ModelContext,
+        policy: Policy,
+        instances: Vec<Box<dyn ModelInstance>>,
+        rebuild: Option<Rebuild>,
         mut limits: Limits,
+        linger_max: Duration,
     ) -> Result<Scheduler> {
         let reaper_needed = policy.queue.has_timeouts();
         limits.resize_with(instances.len(), || None);
@@ -379,7 +420,7 @@ impl Scheduler {
             .collect();
         let (name, version) = (ctx.name.clone(), ctx.version);
         let shared = Arc::new(Shared {
-            queue: Mutex::new(State { queue: Queue::new(policy.queue), seats }),
+            queue: Mutex::new(State { queue: Queue::new(policy.queue), seats, lingering: false }),
             ready: (0..count).map(|_| Condvar::new()).collect(),
             slots,
             stats: Arc::clone(&ctx.stats),
@@ -387,6 +428,9 @@ impl Scheduler {
             rebuild,
             recent: Recent::default(),
             reaper: Condvar::new(),
+            linger: Condvar::new(),
+            linger_max,
+            reaping: reaper_needed,
             batching: policy.batching,
             responder: Responder { ordered: policy.preserve_ordering, held: Mutex::default() },
         });
@@ -423,7 +467,12 @@ impl Scheduler {
             }
         };
         self.shared.stats.queued(1);
-        if let Some((i, jobs)) = self.shared.claim_here(&mut q) {
+        if q.lingering {
+            // The caller waiting for company has it.
+            self.shared.linger.notify_one();
+        }
+        let (q, claimed) = self.shared.claim_here(q);
+        if let Some((i, jobs)) = claimed {
             drop(q);
             self.shared.run_here(i, jobs);
             // Its own request ran in that batch unless older ones filled it.
@@ -432,7 +481,10 @@ impl Scheduler {
         let wake = Shared::to_wake(&q);
         drop(q);
         self.shared.wake(wake);
-        self.shared.reaper.notify_one();
+        if self.shared.reaping {
+            // A syscall whether or not anyone waits: only where a reaper does.
+            self.shared.reaper.notify_one();
+        }
         Ok(Reply { rx, queued: Some((Arc::downgrade(&self.shared), seq)) })
     }
 
@@ -440,6 +492,7 @@ impl Scheduler {
     pub fn stop(&self) {
         self.shared.lock().stopping = true;
         self.shared.wake_all();
+        self.shared.linger.notify_all();
         self.shared.reaper.notify_all();
     }
 

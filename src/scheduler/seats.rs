@@ -17,6 +17,10 @@ use crate::backend::ModelInstance;
 /// (it holds an async worker thread meanwhile).
 pub(super) const ANYWHERE_MAX: Duration = Duration::from_micros(250);
 
+/// A lone request's caller waits out the queue delay itself, holding the instance, when the delay
+/// is no longer than this; a longer delay is waited out by the instance's thread.
+pub(super) const LINGER_MAX: Duration = ANYWHERE_MAX;
+
 /// One instance, locked by whoever runs its batch (never two at once: the seat says who).
 pub(super) struct Slot {
     pub instance: Box<dyn ModelInstance>,
@@ -40,6 +44,9 @@ pub(super) struct Seat {
 pub(super) struct State {
     pub queue: Queue,
     pub seats: Vec<Seat>,
+    /// A caller holds a free instance while the batcher waits out a short queue delay for
+    /// company (woken by `Shared::linger` when a request arrives or the version stops).
+    pub lingering: bool,
 }
 
 impl State {
@@ -152,6 +159,7 @@ mod tests {
                 Seat { busy: false, waiting: true, anywhere: false },
                 Seat { busy: false, waiting: true, anywhere: true },
             ],
+            lingering: false,
         };
         assert_eq!(s.free_anywhere(), Some(2));
         assert_eq!(s.free_waiting(), Some(1));

@@ -369,6 +369,15 @@ impl ModelInstance for Anywhere {
 type Threads = Arc<std::sync::Mutex<Vec<std::thread::ThreadId>>>;
 
 fn anywhere(batching: BatchPolicy, instances: usize, pause: Duration) -> (Scheduler, Arc<Stats>, Threads) {
+    anywhere_lingering(batching, instances, pause, LINGER_MAX)
+}
+
+fn anywhere_lingering(
+    batching: BatchPolicy,
+    instances: usize,
+    pause: Duration,
+    linger_max: Duration,
+) -> (Scheduler, Arc<Stats>, Threads) {
     let policy = Policy { batching, queue: QueuePolicy::new(None), preserve_ordering: false };
     let schema =
         Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], ..Default::default() });
@@ -380,7 +389,7 @@ fn anywhere(batching: BatchPolicy, instances: usize, pause: Duration) -> (Schedu
             Box::new(Anywhere { inner: Doubler { pause }, threads: Arc::clone(&threads) }) as Box<dyn ModelInstance>
         })
         .collect();
-    (Scheduler::start(ctx, policy, instances, None, Vec::new()).unwrap(), stats, threads)
+    (Scheduler::start_with(ctx, policy, instances, None, Vec::new(), linger_max).unwrap(), stats, threads)
 }
 
 #[test]
@@ -423,6 +432,61 @@ fn a_lone_request_under_a_queue_delay_waits_on_the_instance_thread() {
     let here = std::thread::current().id();
     assert!(threads.lock().unwrap().iter().all(|t| *t != here), "the batcher waits for company first");
     assert_eq!(stats.snapshot().inference_count, 3);
+}
+
+#[test]
+fn a_lone_request_under_a_short_queue_delay_waits_on_the_callers_thread() {
+    let delay = Duration::from_micros(200);
+    let policy = BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: delay };
+    let (s, stats, threads) = anywhere(policy, 1, Duration::ZERO);
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    for v in 0..4 {
+        let started = std::time::Instant::now();
+        let resp = rt.block_on(s.submit(request(v)).ok().unwrap()).unwrap().unwrap();
+        assert_eq!(values(&resp.outputs[0]), vec![2 * v, 2 * v + 2]);
+        // The delay is still waited out (for company that might come), wherever it is.
+        assert!(started.elapsed() >= delay);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let here = std::thread::current().id();
+    let seen = threads.lock().unwrap().clone();
+    assert_ne!(seen[0], here, "the first batch (of unknown cost) runs on the instance's thread");
+    assert!(seen[1..].iter().all(|t| *t == here), "later ones on the caller's: {seen:?}");
+    assert_eq!(stats.snapshot().inference_count, 4);
+}
+
+/// Company that arrives while the caller waits joins its batch.
+#[test]
+fn requests_arriving_while_a_caller_waits_join_its_batch() {
+    // A delay long enough that only the second request ends the wait (no race with the clock).
+    let delay = Duration::from_secs(30);
+    let policy = BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![2], max_delay: delay };
+    let (s, stats, _) = anywhere_lingering(policy, 1, Duration::ZERO, delay);
+    let s = Arc::new(s);
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    // The first batch (of unknown cost) runs on the instance's thread: a preferred batch of two.
+    let (a, b) = (s.submit(request(0)).ok().unwrap(), s.submit(request(1)).ok().unwrap());
+    let (a, b) = rt.block_on(async { (a.await, b.await) });
+    assert!(a.unwrap().is_ok() && b.unwrap().is_ok());
+    std::thread::sleep(Duration::from_millis(5));
+    // A second caller submits as soon as the first is seen waiting: the preferred batch of 2
+    // then runs at once (one execution), before the delay is out.
+    let other = Arc::clone(&s);
+    let helper = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !other.shared.lock().lingering {
+            assert!(std::time::Instant::now() < deadline, "the first caller never waited");
+            std::thread::yield_now();
+        }
+        rt.block_on(other.submit(request(20)).ok().unwrap()).unwrap().unwrap()
+    });
+    let first = rt.block_on(s.submit(request(10)).ok().unwrap()).unwrap().unwrap();
+    let second = helper.join().unwrap();
+    assert_eq!(values(&first.outputs[0]), vec![20, 22]);
+    assert_eq!(values(&second.outputs[0]), vec![40, 42]);
+    let snap = stats.snapshot();
+    assert_eq!((snap.inference_count, snap.execution_count), (4, 2));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
