@@ -182,7 +182,13 @@ impl Shared {
     /// `LINGER_MAX` for company (what the instance's thread would have done, without the two
     /// wake-ups). Under load the instance threads run every batch, and the callers' threads
     /// stay free for the network.
-    fn claim_here<'a>(&'a self, mut q: MutexGuard<'a, State>) -> (MutexGuard<'a, State>, Option<(usize, Vec<Job>)>) {
+    /// `seq`: the caller's own request; once it has left the queue (answered as expired, or
+    /// taken by another instance) the caller stops waiting and its reply goes out.
+    fn claim_here<'a>(
+        &'a self,
+        mut q: MutexGuard<'a, State>,
+        seq: u64,
+    ) -> (MutexGuard<'a, State>, Option<(usize, Vec<Job>)>) {
         if q.len() != 1 || q.seats.iter().any(|s| s.busy) {
             return (q, None);
         }
@@ -196,6 +202,12 @@ impl Shared {
         loop {
             let now = Instant::now();
             self.answer_swept(&mut q, now);
+            if !q.iter().any(|j| j.seq == seq) {
+                // The rest is the instance threads' (the caller wakes one).
+                q.lingering = false;
+                q.seats[i].busy = false;
+                return (q, None);
+            }
             let pending =
                 q.iter().map(|j| batcher::Pending { rows: j.req.rows, enqueued: j.enqueued, key: &j.req.batch_key });
             match batcher::decide(&self.batching, pending, now, q.stopping) {
@@ -471,7 +483,7 @@ impl Scheduler {
             // The caller waiting for company has it.
             self.shared.linger.notify_one();
         }
-        let (q, claimed) = self.shared.claim_here(q);
+        let (q, claimed) = self.shared.claim_here(q, seq);
         if let Some((i, jobs)) = claimed {
             drop(q);
             self.shared.run_here(i, jobs);

@@ -489,6 +489,62 @@ fn requests_arriving_while_a_caller_waits_join_its_batch() {
     assert_eq!((snap.inference_count, snap.execution_count), (4, 2));
 }
 
+/// A caller whose own request expires while it waits for company stops waiting at once: its
+/// reply goes out, and a later request's wait is the instance thread's.
+#[test]
+fn a_caller_whose_request_expires_stops_waiting_for_the_others() {
+    let delay = Duration::from_secs(30);
+    let db = crate::proto::inference::ModelDynamicBatching {
+        max_queue_delay_microseconds: 30_000_000,
+        default_queue_policy: Some(crate::proto::inference::ModelQueuePolicy {
+            allow_timeout_override: true,
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let policy = Policy {
+        batching: BatchPolicy::new(8, Some(&db)),
+        queue: QueuePolicy::new(Some(&db)),
+        preserve_ordering: false,
+    };
+    let schema =
+        Arc::new(Schema { max_batch_size: 8, inputs: vec![spec("x")], outputs: vec![spec("y")], ..Default::default() });
+    let stats = Arc::new(Stats::default());
+    let ctx = ModelContext { name: "m".into(), version: 1, schema, stats: Arc::clone(&stats) };
+    let threads = Threads::default();
+    let instance = Box::new(Anywhere { inner: Doubler { pause: Duration::ZERO }, threads }) as Box<dyn ModelInstance>;
+    let s = Arc::new(Scheduler::start_with(ctx, policy, vec![instance], None, Vec::new(), delay).unwrap());
+    let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    // Made known to be light by a first batch, full at once (on the instance's thread).
+    let warm: Vec<_> = (0..8).map(|v| s.submit(request(v)).ok().unwrap()).collect();
+    for r in warm {
+        assert!(rt.block_on(r).unwrap().is_ok());
+    }
+    let other = Arc::clone(&s);
+    let helper = std::thread::spawn(move || {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !other.shared.lock().lingering {
+            assert!(std::time::Instant::now() < deadline, "the first caller never waited");
+            std::thread::yield_now();
+        }
+        // Company with a long timeout.
+        let mut late = request(50);
+        late.timeout_us = Some(20_000_000);
+        other.submit(late).ok().unwrap()
+    });
+    let mut mine = request(10);
+    mine.timeout_us = Some(100_000);
+    let reply = s.submit(mine).ok().unwrap();
+    let late = helper.join().unwrap();
+    let e = rt.block_on(reply).unwrap().unwrap_err();
+    assert_eq!(e.message(), "Request timeout expired");
+    // The caller returned while the other request still waits for company in the queue.
+    assert_eq!(s.shared.lock().len(), 1, "the caller waited on for a request not its own");
+    s.stop();
+    assert!(rt.block_on(late).unwrap().is_ok(), "flushed by the stop");
+    s.join();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn callers_and_instance_threads_share_the_instances_without_losing_a_request() {
     for batching in [
