@@ -16,6 +16,7 @@ pub mod restrict;
 pub mod sagemaker;
 pub mod tls;
 pub mod vertex;
+pub mod wakes;
 
 use std::sync::Arc;
 

@@ -23,6 +23,7 @@ use tokio::{
 use tower::ServiceExt;
 
 use super::guard::{GuardedBody, RequestTicket};
+use super::wakes::SelfWakesKept;
 use crate::admission::Admission;
 
 /// What the network flags resolve to.
@@ -208,7 +209,7 @@ pub async fn serve_http(
         let conn =
             Conn { app: app.clone(), limits: limits.clone(), admission: Arc::clone(&admission), stop: stop.clone() };
         let tls = tls.clone();
-        conns.spawn(async move {
+        conns.spawn(SelfWakesKept::new(async move {
             let activity = Arc::new(Activity::default());
             activity.last.store(now_ms(), Ordering::Relaxed);
             let io = Watched { io: tcp, activity: Arc::clone(&activity), _slot: slot };
@@ -220,7 +221,7 @@ pub async fn serve_http(
                     Err(_) => tracing::debug!("TLS handshake did not finish in time"),
                 },
             }
-        });
+        }));
         while conns.try_join_next().is_some() {}
     }
     drop(acceptor);
@@ -260,6 +261,9 @@ impl Conn {
                 resp
             }
         });
+        // No half-close: a client that shuts its side is taken as gone, as nginx does, so that its
+        // queued requests leave the queue with their bytes (the peer of a FIN cannot be told apart
+        // from one that closed its socket until a reply is written to it).
         let conn = hyper::server::conn::http1::Builder::new().keep_alive(true).serve_connection(io, service);
         tokio::pin!(conn);
         let mut watchdog = tokio::time::interval(Duration::from_secs(1));

@@ -376,12 +376,19 @@ def test_abandoned_queued_requests_leave_the_queue_with_their_bytes(tmp_path):
         pending = lambda: metric(s, "nv_inference_pending_request_count", model="stuck", version="1")
         wait_for(lambda: pending() == 8, "the requests queue")
         assert metric(s, "ferry_inflight_request_bytes") >= 8 * 4 << 20
-        for c in conns:
+        # Seven clients close their sockets; the eighth only shuts its write side (a half-close),
+        # which is taken as gone too (as nginx takes it): the server closes that connection unanswered.
+        for c in conns[:7]:
             c.sock.shutdown(socket.SHUT_RDWR)
             c.close()
+        half = conns[7].sock
+        half.shutdown(socket.SHUT_WR)
         # The model is still stuck; the abandoned requests leave the queue, and their bytes with
         # them (before, they stayed queued with the counter at 0).
         wait_for(lambda: pending() == 0, "the abandoned requests leave the queue")
+        half.settimeout(30)
+        assert half.recv(65536) == b"", "a half-closed connection is closed without a reply"
+        half.close()
         assert metric(s, "ferry_inflight_request_bytes") < 1 << 20
         hold.unlink()
         held.join(30)
