@@ -4,11 +4,12 @@ that has torch and onnxruntime (bench/openai_embeddings.py says how to make one)
 
     source bench/tools.sh && /tmp/st/bin/python bench/pytorch.py
 
-A ResNet-18-sized CNN (3x224x224, random weights) as TorchScript, and a small MLP (64-256-256-10)
-as TorchScript and as an AOTInductor package, with dynamic batching: perf_analyzer over gRPC at
-c1 and c16 (batch 1 per request), beside the same model in-process on the same PyTorch at the
-batch ferry formed, and beside the same model exported to ONNX in ferry. Writes the section
-"PyTorch models" of bench/RESULTS.md.
+A ResNet-18-sized CNN (3x224x224, random weights) and a small MLP (64-256-256-10), each as
+TorchScript and as an AOTInductor package, with dynamic batching: perf_analyzer over gRPC at c1
+and c16 (batch 1 per request), beside the same model in-process on the same PyTorch at the batch
+ferry formed (the eager module for TorchScript and ONNX, the loaded package for AOTInductor), and
+beside the same model exported to ONNX in ferry. Writes the section "PyTorch models" of
+bench/RESULTS.md.
 """
 import datetime
 import os
@@ -80,9 +81,8 @@ def build():
         model.eval()
         models[base] = (model, shape)
         example = torch.randn(2, *shape)
-        variants = [("ts", "pytorch_libtorch", "model.pt"), ("onnx", "onnxruntime_onnx", "model.onnx")]
-        if base == "mlp":
-            variants.append(("aoti", "torch_aoti", "model.pt2"))
+        variants = [("ts", "pytorch_libtorch", "model.pt"), ("onnx", "onnxruntime_onnx", "model.onnx"),
+                    ("aoti", "torch_aoti", "model.pt2")]
         for suffix, platform, file in variants:
             name = f"{base}_{suffix}"
             path = os.path.join(repo, name, "1", file)
@@ -96,9 +96,10 @@ def build():
                                   dynamic_axes={"INPUT__0": {0: "b"}, "OUTPUT__0": {0: "b"}}, dynamo=False)
             else:
                 import torch.fx.experimental._config as fx_config
-                with fx_config.patch(backed_size_oblivious=True):  # else the batch Dim starts at 2
+                # Else the batch Dim starts at 2 (at export, and again when Inductor compiles).
+                with fx_config.patch(backed_size_oblivious=True):
                     ep = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("b", min=1, max=16)},))
-                torch._inductor.aoti_compile_and_package(ep, package_path=path)
+                    torch._inductor.aoti_compile_and_package(ep, package_path=path)
             with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
                 f.write(config(name, platform, shape, out, 16))
     return repo, models
@@ -111,6 +112,11 @@ def in_process(model, shape, batch):
         return run.time_calls(lambda: model(x), x.shape[0])[0]
 
 
+def package(repo, name):
+    """The AOTInductor package of `name`, loaded in this process."""
+    return torch._inductor.aoti_load_package(os.path.join(repo, name, "1", "model.pt2"))
+
+
 def main():
     repo, models = build()
     rows = run.grpc_sweep(repo, sorted(os.listdir(repo)), INTERVAL_MS, [f"--backend-config=pytorch,python={sys.executable}"])
@@ -118,7 +124,9 @@ def main():
         f"Commit `{run.commit_label()}`, {datetime.date.today()}, {os.cpu_count()} cores, release build, "
         f"torch {torch.__version__} (PyPI), perf_analyzer over gRPC, batch 1 per request, dynamic batching "
         f"(max 16), random weights. \"In-process\" is the same model called by PyTorch in this process at "
-        f"the batch ferry formed (rounded), with PyTorch's default threads.",
+        f"the batch ferry formed (rounded), with PyTorch's default threads (for `_aoti`, the package "
+        f"loaded by `torch._inductor.aoti_load_package`). TorchScript and AOTInductor packages run "
+        f"inside the server.",
         "",
         "| model | c | infer/s | p50 ms | p99 ms | batch formed | in-process rows/s at that batch | share |",
         "|---|---|---|---|---|---|---|---|",
@@ -126,7 +134,7 @@ def main():
     for name, c, r, batch in rows:
         base_name = name.rsplit("_", 1)[0]
         model, shape = models[base_name]
-        ceiling = in_process(model, shape, batch)
+        ceiling = in_process(package(repo, name) if name.endswith("_aoti") else model, shape, batch)
         lines.append(f"| {name} | {c} | {r['throughput']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | {batch:.1f} | "
                      f"{ceiling:.0f} | {r['throughput'] / ceiling:.2f} |")
     p50 = {(n, c): r["p50"] for n, c, r, _ in rows}

@@ -2,11 +2,24 @@
 use std::process::ExitCode;
 
 use ferry::{
+    backend::pytorch::{aoti_trial, torchscript_shim},
     config::{Config, Invocation},
     server, telemetry, tune,
 };
 
 fn main() -> ExitCode {
+    // AOTInductor packages run in this process check each call's shapes and dtypes against what
+    // they were compiled for (else a package reads past a short input), whatever the environment
+    // says: PyTorch reads this once, and it is set here, while the process has one thread.
+    // SAFETY: no other thread exists yet to read the environment.
+    unsafe { std::env::set_var("AOTI_RUNTIME_CHECK_INPUTS", "1") };
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args.get(1).is_some_and(|a| a == aoti_trial::COMMAND) {
+        return aoti_trial::child(&args[2..]);
+    }
+    if args.get(1).is_some_and(|a| a == torchscript_shim::BUILD_COMMAND) {
+        return torchscript_shim::build_command(&args[2..]);
+    }
     let (config, tuning) = match Invocation::from_args(std::env::args_os()) {
         Ok(Invocation::Serve(c)) => (*c, None),
         Ok(Invocation::Tune(c, t)) => (*c, Some(*t)),

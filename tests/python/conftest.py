@@ -34,3 +34,14 @@ def fresh_repo(tmp_path):
 
 def copy_example(dest, name):
     shutil.copytree(os.path.join(EXAMPLES, name), os.path.join(dest, name))
+
+
+def framework_python(variable, require, script, framework):
+    """The Python with `framework` that `variable` names (made by scripts/`script`); without it
+    the calling test module skips, or fails when `require` is set to 1 (CI sets it)."""
+    python = os.environ.get(variable)
+    if not python:
+        if os.environ.get(require) == "1":
+            raise RuntimeError(f"{require}=1 but {variable} is not set (source scripts/{script})")
+        pytest.skip(f"no Python with {framework} ({variable}; scripts/{script} makes one)", allow_module_level=True)
+    return python

@@ -1,12 +1,15 @@
-"""PyTorch models through the real server on the official PyTorch from PyPI: TorchScript
+"""PyTorch models through the real server on the official PyTorch from PyPI: TorchScript, run
+inside the server through ferry's shim over libtorch's C++ API (and in a PyTorch process where a
+model's parameters change libtorch for the whole process)
 (`pytorch_libtorch`: an MLP, a CNN with batch norm over images of any size, a model whose inputs
-are named by forward's arguments with two INT64 outputs, FP16, BF16, strings, `max_batch_size: 0`) and
-an AOTInductor package (`torch_aoti`), each compared with the same model run in-process by
+are named by forward's arguments with two INT64 outputs, FP16, BF16, strings, `max_batch_size: 0`), each compared with the same model run in-process by
 PyTorch, over HTTP (JSON and binary) and gRPC; batches formed under concurrency; bad inputs
-answered 400; a corrupt file and a missing PyTorch failing only their own model.
+answered 400; a corrupt file and a missing PyTorch failing only their own model. AOTInductor
+packages are test_pytorch_aoti.py's.
 
 The models are made by FERRY_TORCH_PYTHON (scripts/torch.sh makes one); without it these tests
 skip, unless FERRY_REQUIRE_TORCH=1 (CI sets it)."""
+import glob
 import os
 import subprocess
 import sys
@@ -18,13 +21,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conftest import framework_python
 from ferry_server import Server
 
-TORCH_PYTHON = os.environ.get("FERRY_TORCH_PYTHON")
-if not TORCH_PYTHON:
-    if os.environ.get("FERRY_REQUIRE_TORCH") == "1":
-        raise RuntimeError("FERRY_REQUIRE_TORCH=1 but FERRY_TORCH_PYTHON is not set (source scripts/torch.sh)")
-    pytest.skip("no Python with PyTorch (FERRY_TORCH_PYTHON; scripts/torch.sh makes one)", allow_module_level=True)
+TORCH_PYTHON = framework_python("FERRY_TORCH_PYTHON", "FERRY_REQUIRE_TORCH", "torch.sh", "PyTorch")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -34,7 +34,7 @@ def made(tmp_path_factory):
     root = tmp_path_factory.mktemp("torch")
     repo = root / "repo"
     repo.mkdir()
-    subprocess.run([TORCH_PYTHON, os.path.join(HERE, "torch_models.py"), str(repo), "--aoti"], check=True)
+    subprocess.run([TORCH_PYTHON, os.path.join(HERE, "torch_models.py"), str(repo)], check=True)
     return str(repo), dict(np.load(root / "expected.npz"))
 
 
@@ -144,7 +144,7 @@ def test_outputs_are_checked_against_the_config(server):
     np.testing.assert_array_equal(keyed.as_numpy("plus"), x + 1)
     assert keyed.as_numpy("double").dtype == np.float64
     np.testing.assert_array_equal(keyed.as_numpy("double"), x * 2)
-    with pytest.raises(InferenceServerException, match="output 'double': the configuration expects TYPE_FP32, the model returned float64"):
+    with pytest.raises(InferenceServerException, match="output 'double': the configuration expects TYPE_FP32, the model returned (float64|TYPE_FP64)"):
         http_infer(server, "mistyped", {"INPUT__0": x})
 
 
@@ -167,35 +167,17 @@ def test_batches_form_under_concurrency(server, expected):
     assert executions < inferences, (executions, inferences)
 
 
-def test_aoti_package_batches(server, expected):
-    x, want = expected["mlp_in"], expected["mlp_out"]
-    got = grpc_infer(server, "mlp_aoti", {"ARGS[0]": x}).as_numpy("RESULT[0]")
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
-    c = httpclient.InferenceServerClient(server.url, concurrency=16)
-    with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(lambda k: http_infer(server, "mlp_aoti", {"ARGS[0]": x[k % 5:k % 5 + 1]})
-                                .as_numpy("RESULT[0]"), range(48)))
-    for k, r in enumerate(results):
-        np.testing.assert_allclose(r, want[k % 5:k % 5 + 1], rtol=1e-4, atol=1e-5)
-    stats = c.get_inference_statistics("mlp_aoti")["model_stats"][0]
-    assert stats["execution_count"] < stats["inference_count"]
-    assert c.get_model_metadata("mlp_aoti")["platform"] == "torch_aoti"
-
-
 def test_failures_stay_with_their_model(server):
     c = httpclient.InferenceServerClient(server.url)
     index = {m["name"]: m for m in c.get_model_repository_index()}
     assert index["corrupt"]["state"] == "UNAVAILABLE"
     assert "cannot load" in index["corrupt"]["reason"], index["corrupt"]
-    # A package exported for batch 1 alone refuses max_batch_size 8, saying why.
-    assert index["mlp_aoti_static"]["state"] == "UNAVAILABLE"
-    assert "max_batch_size 8 is more than this package's batch dimension takes" in index["mlp_aoti_static"]["reason"]
     assert index["miscounted"]["state"] == "UNAVAILABLE"
     assert "configuration expects 3 inputs, the model's forward takes 2" in index["miscounted"]["reason"]
     # Warm-up runs the model: a sample it fails on fails the load.
     assert index["cnn_cold"]["state"] == "UNAVAILABLE"
     assert "PyTorch execute failure" in index["cnn_cold"]["reason"], index["cnn_cold"]
-    assert c.is_model_ready("mlp") and c.is_model_ready("mlp_aoti") and c.is_model_ready("mlp_warm")
+    assert c.is_model_ready("mlp") and c.is_model_ready("mlp_warm")
 
 
 def test_bad_inputs_are_400_and_the_server_keeps_serving(server, expected):
@@ -210,6 +192,64 @@ def test_bad_inputs_are_400_and_the_server_keeps_serving(server, expected):
     assert c.is_server_live()
     got = http_infer(server, "mlp", {"INPUT__0": expected["mlp_in"]}).as_numpy("OUTPUT__0")
     np.testing.assert_allclose(got, expected["mlp_out"], rtol=1e-5, atol=1e-6)
+
+
+def children(pid):
+    found = []
+    for f in glob.glob(f"/proc/{pid}/task/*/children"):
+        with open(f) as fh:
+            found += fh.read().split()
+    return found
+
+
+def test_torchscript_runs_inside_the_server(made):
+    repo, expected = made
+    models = ["mlp", "cnn", "two", "keyed", "words", "mlp_bf16", "half", "accumulate", "stash", "counter", "nowords"]
+    with Server(["--model-repository", repo, f"--backend-config=pytorch,python={TORCH_PYTHON}",
+                 "--model-control-mode=explicit"] + [f"--load-model={m}" for m in models], timeout=300) as s:
+        assert children(s.proc.pid) == [], "no PyTorch process: TorchScript runs in the server"
+        assert any("TorchScript models run inside the server" in line for line in s.lines)
+        got = grpc_infer(s, "mlp", {"INPUT__0": expected["mlp_in"]}).as_numpy("OUTPUT__0")
+        np.testing.assert_allclose(got, expected["mlp_out"], rtol=1e-5, atol=1e-6)
+        words = np.array([b"ferry", b"caf\xc3\xa9"], dtype=object)
+        # TorchScript's upper() changes ASCII letters only; the UTF-8 passes through whole.
+        assert list(http_infer(s, "words", {"INPUT__0": words}).as_numpy("OUTPUT__0")) == [b"FERRY", b"CAF\xc3\xa9"]
+        assert http_infer(s, "nowords", {"INPUT__0": np.ones(1, np.float32)}).as_numpy("OUTPUT__0").shape == (0,)
+        # A model that keeps its input for the next call keeps what it was given, not ferry's buffer.
+        got = [http_infer(s, "stash", {"INPUT__0": np.full(4, k, np.float32)}).as_numpy("OUTPUT__0") for k in (1, 2, 3)]
+        np.testing.assert_array_equal(got, [np.zeros(4), np.full(4, 1.0), np.full(4, 2.0)])
+        # Four instances sharing weights, each assigning an attribute per call, under concurrency.
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda k: http_infer(s, "counter", {"INPUT__0": np.full((1, 4), k, np.float32)})
+                                    .as_numpy("OUTPUT__0"), range(200)))
+        for k, a in enumerate(answers):
+            np.testing.assert_array_equal(a, np.full((1, 4), k + 1, np.float32))
+
+
+def test_a_model_with_process_wide_parameters_runs_in_a_process(made):
+    repo, expected = made
+    with Server(["--model-repository", repo, f"--backend-config=pytorch,python={TORCH_PYTHON}",
+                 "--model-control-mode=explicit", "--load-model=mlp_jit"], timeout=300) as s:
+        assert children(s.proc.pid), "expected a PyTorch process"
+        assert any("parameter ENABLE_JIT_PROFILING changes PyTorch for the whole process" in line for line in s.lines)
+        got = grpc_infer(s, "mlp_jit", {"INPUT__0": expected["mlp_in"]}).as_numpy("OUTPUT__0")
+        np.testing.assert_allclose(got, expected["mlp_out"], rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_that_divides_integers_runs_in_a_process(made):
+    """INT64_MIN / -1 is a hardware fault in PyTorch itself: it may end a PyTorch process, never
+    the server."""
+    repo, _ = made
+    with Server(["--model-repository", repo, f"--backend-config=pytorch,python={TORCH_PYTHON}",
+                 "--model-control-mode=explicit", "--load-model=intdiv"], timeout=300) as s:
+        assert children(s.proc.pid), "expected a PyTorch process"
+        assert any("which on integers can fault the process" in line for line in s.lines)
+        a, b = np.array([7, -7], np.int64), np.array([2, 2], np.int64)
+        np.testing.assert_array_equal(grpc_infer(s, "intdiv", {"INPUT__0": a, "INPUT__1": b}).as_numpy("OUTPUT__0"), [3, -3])
+        with pytest.raises(InferenceServerException):
+            grpc_infer(s, "intdiv", {"INPUT__0": np.array([-2**63, 1], np.int64), "INPUT__1": np.array([-1, 1], np.int64)})
+        assert httpclient.InferenceServerClient(s.url).is_server_live()
+        np.testing.assert_array_equal(grpc_infer(s, "intdiv", {"INPUT__0": a, "INPUT__1": b}).as_numpy("OUTPUT__0"), [3, -3])
 
 
 def test_a_python_without_pytorch_fails_the_load_clearly(made, tmp_path):

@@ -17,13 +17,10 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from conftest import framework_python
 from ferry_server import Server
 
-TF_PYTHON = os.environ.get("FERRY_TF_PYTHON")
-if not TF_PYTHON:
-    if os.environ.get("FERRY_REQUIRE_TF") == "1":
-        raise RuntimeError("FERRY_REQUIRE_TF=1 but FERRY_TF_PYTHON is not set (source scripts/tensorflow.sh)")
-    pytest.skip("no Python with TensorFlow (FERRY_TF_PYTHON; scripts/tensorflow.sh makes one)", allow_module_level=True)
+TF_PYTHON = framework_python("FERRY_TF_PYTHON", "FERRY_REQUIRE_TF", "tensorflow.sh", "TensorFlow")
 pytest.importorskip("openvino")
 
 HERE = os.path.dirname(os.path.abspath(__file__))

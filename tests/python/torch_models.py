@@ -1,9 +1,9 @@
 """Makes the PyTorch test models with the official PyTorch (run by FERRY_TORCH_PYTHON, not by the
-test's own Python): TorchScript and AOTInductor models in a Triton repository, and for each the
+test's own Python): TorchScript models in a Triton repository, and for each the
 inputs and the outputs PyTorch itself computes in-process (`expected.npz`), for the tests to
 compare ferry's answers with.
 
-    python torch_models.py <repository> [--aoti]
+    python torch_models.py <repository>
 """
 import os
 import sys
@@ -76,6 +76,41 @@ class Words(torch.nn.Module):
         return [t.upper() for t in texts]
 
 
+class Stash(torch.nn.Module):
+    """Keeps each input for the next call (state in an attribute)."""
+
+    def __init__(self):
+        super().__init__()
+        self.prev = torch.zeros(4)
+
+    def forward(self, x):
+        out = self.prev.clone()
+        self.prev = x
+        return out
+
+
+class Counter(torch.nn.Module):
+    """Assigns an attribute on every call: instances sharing weights must not share it."""
+
+    def __init__(self):
+        super().__init__()
+        self.last = torch.zeros(1, 4)
+
+    def forward(self, x):
+        self.last = x + 1.0
+        return self.last
+
+
+class IntDivide(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.div(a, b, rounding_mode="trunc")
+
+
+class NoWords(torch.nn.Module):
+    def forward(self, x) -> List[str]:
+        return []
+
+
 def write(repo, name, config, files):
     os.makedirs(os.path.join(repo, name, "1"), exist_ok=True)
     with open(os.path.join(repo, name, "config.pbtxt"), "w") as f:
@@ -84,7 +119,7 @@ def write(repo, name, config, files):
         save(os.path.join(repo, name, "1", file))
 
 
-def main(repo, aoti):
+def main(repo):
     expected = {}
     mlp = Mlp().eval()
     x = np.random.rand(5, 16).astype(np.float32)
@@ -99,6 +134,38 @@ output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
 ''', {"model.pt": lambda p: torch.jit.trace(mlp, torch.from_numpy(x[:1])).save(p)})
     with torch.no_grad():
         expected["mlp_in"], expected["mlp_out"] = x, mlp(torch.from_numpy(x)).numpy()
+
+    # A parameter that changes libtorch for the whole process: this one runs in a process of its own.
+    write(repo, "mlp_jit", '''platform: "pytorch_libtorch"
+max_batch_size: 8
+parameters [ { key: "ENABLE_JIT_PROFILING" value { string_value: "false" } } ]
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+''', {"model.pt": lambda p: torch.jit.trace(mlp, torch.from_numpy(x[:1])).save(p)})
+
+    write(repo, "stash", '''platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(Stash()).save(p)})
+    write(repo, "counter", '''platform: "pytorch_libtorch"
+max_batch_size: 0
+instance_group [ { count: 4 kind: KIND_CPU } ]
+parameters [ { key: "ENABLE_WEIGHT_SHARING" value { string_value: "true" } } ]
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 1, 4 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1, 4 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(Counter()).save(p)})
+    # Integer division faults the process on INT64_MIN / -1: it runs in a process of its own.
+    write(repo, "intdiv", '''platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_INT64 dims: [ 2 ] }, { name: "INPUT__1" data_type: TYPE_INT64 dims: [ 2 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ 2 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(IntDivide()).save(p)})
+    write(repo, "nowords", '''platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_STRING dims: [ -1 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(NoWords()).save(p)})
 
     # The MLP as an ensemble step, warmed up before it serves.
     write(repo, "mlp_warm", '''platform: "pytorch_libtorch"
@@ -208,24 +275,8 @@ input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]
 ''', {"model.pt": lambda p: open(p, "wb").write(b"PK\x03\x04 not a TorchScript archive")})
 
-    if aoti:
-        batch = torch.export.Dim("batch", min=1, max=8)
-        # Without backed_size_oblivious, torch.export starts a batch Dim at 2 (0/1 specialisation).
-        import torch.fx.experimental._config as fx_config
-        with fx_config.patch(backed_size_oblivious=True):
-            dynamic = torch.export.export(mlp, (torch.from_numpy(x[:2]),), dynamic_shapes={"x": {0: batch}})
-        static = torch.export.export(mlp, (torch.from_numpy(x[:1]),))
-        for name, ep, max_batch in (("mlp_aoti", dynamic, 8), ("mlp_aoti_static", static, 8)):
-            package = os.path.join(repo, f"{name}.pt2")
-            torch._inductor.aoti_compile_and_package(ep, package_path=package)
-            write(repo, name, f'''platform: "torch_aoti"
-max_batch_size: {max_batch}
-dynamic_batching {{ max_queue_delay_microseconds: 20000 }}
-input [ {{ name: "ARGS[0]" data_type: TYPE_FP32 dims: [ 16 ] }} ]
-output [ {{ name: "RESULT[0]" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-''', {"model.pt2": lambda p: os.replace(package, p)})
     np.savez(os.path.join(repo, "..", "expected.npz"), **expected)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], "--aoti" in sys.argv)
+    main(sys.argv[1])

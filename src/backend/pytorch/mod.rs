@@ -1,9 +1,11 @@
 //! The PyTorch backend: TorchScript models (platform `pytorch_libtorch`, backend `pytorch`,
 //! `<version>/model.pt`) and AOTInductor packages (platform `torch_aoti`, `<version>/model.pt2`),
-//! on the official PyTorch the user chooses, the one they exported with. Each instance is a
-//! process of its own, as a Python model's is (the Python backend's processes, supervision and
-//! shared memory, with the runner `runner.py`), so a crash or a leak in PyTorch never reaches the
-//! server, and the server carries no PyTorch. Batches run as one call on the batch dimension.
+//! on the official PyTorch the user chooses, the one they exported with. On a CPU instance a
+//! package runs inside the server through PyTorch's stable C ABI (`aoti`), and TorchScript through
+//! ferry's C++ shim compiled against that PyTorch (`torchscript`). What those paths do not take
+//! runs in a process of its own per instance, as a Python model does (the Python backend's
+//! processes, supervision and shared memory, with the runner `runner.py`). Batches run as one
+//! call on the batch dimension.
 //!
 //! Which Python runs it: `--backend-config pytorch,python=<path>` or `FERRY_PYTORCH_PYTHON`, else
 //! `python3` when it has the `torch` package, else `pytorch/bin/python3` beside the ferry binary,
@@ -11,18 +13,64 @@
 //! its own environment, as for Python models.
 use std::path::{Path, PathBuf};
 
-use super::python::PythonBackend;
+use super::{Backend, InstanceSpec, ModelInstance, ModelIo, python::PythonBackend};
+use crate::{error::Result, proto::inference::ModelConfig};
+
+mod aoti;
+mod ctensor;
+mod libtorch;
+mod params;
+mod torchscript;
+
+pub use aoti::trial as aoti_trial;
+pub use torchscript::compile as torchscript_shim;
 
 const RUNNER: &str = include_str!("runner.py");
 
-/// The backend, run by the Python `find_python` chose.
-pub fn backend(python: &PythonBackend, given: Option<PathBuf>) -> PythonBackend {
+/// The backend: packages in the server where they can run there, everything else in processes
+/// of the Python `find_python` chose (whose PyTorch the server's packages use too).
+pub struct PyTorchBackend {
+    processes: PythonBackend,
+    aoti: aoti::Aoti,
+    torchscript: torchscript::TorchScript,
+}
+
+pub fn backend(python: &PythonBackend, given: Option<PathBuf>) -> PyTorchBackend {
     let chosen = find_python(given, std::env::current_exe().ok().as_deref());
     match &chosen {
         Some(p) => tracing::info!(python = %p.display(), "PyTorch models run on this Python"),
         None => tracing::info!("no Python with PyTorch found; PyTorch models will say so when they load"),
     }
-    python.builtin("pytorch", "ferry_pytorch.py", RUNNER, chosen)
+    let torch = std::sync::Arc::new(libtorch::LibTorch::new(chosen.clone()));
+    PyTorchBackend {
+        aoti: aoti::Aoti::new(std::sync::Arc::clone(&torch)),
+        torchscript: torchscript::TorchScript::new(torch),
+        processes: python.builtin("pytorch", "ferry_pytorch.py", RUNNER, chosen),
+    }
+}
+
+impl Backend for PyTorchBackend {
+    fn name(&self) -> &'static str {
+        "pytorch"
+    }
+
+    fn model_io(&self, model_path: &Path) -> Result<ModelIo> {
+        self.processes.model_io(model_path)
+    }
+
+    fn load(&self, spec: &InstanceSpec<'_>) -> Result<Box<dyn ModelInstance>> {
+        if let Some(instance) = self.aoti.load(spec)? {
+            return Ok(instance);
+        }
+        match self.torchscript.load(spec)? {
+            Some(instance) => Ok(instance),
+            None => self.processes.load(spec),
+        }
+    }
+
+    fn auto_complete(&self, model_path: &Path, config: &mut ModelConfig) -> Result<()> {
+        self.processes.auto_complete(model_path, config)
+    }
 }
 
 fn find_python(given: Option<PathBuf>, exe: Option<&Path>) -> Option<PathBuf> {

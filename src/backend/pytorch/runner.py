@@ -118,7 +118,7 @@ class TritonPythonModel:
             self.outputs.append((st["output_name"], st.get("data_type", "")))
         self.plan_inputs([n for n, _ in self.inputs], arg_names)
         if not self.aoti:
-            given = sum(1 for how, _ in self.plan if how == "arg")
+            given = sum(1 for how, where in self.plan if how == "arg" or where in arg_names)
             top = max((p + 1 for how, p in self.plan if how == "arg"), default=0)
             if top > len(arg_names) or given < required:
                 fail(f"configuration expects {len(self.plan)} inputs, the model's forward takes {len(arg_names)} "
@@ -147,12 +147,12 @@ class TritonPythonModel:
         for i in inputs:
             dtype = np.float32 if i["data_type"] == "TYPE_BF16" else pb_utils.triton_string_to_numpy(i["data_type"])
             shape = [1] + list(i.get("dims", []))
-            one.append(rng.standard_normal(shape).astype(dtype) if np.dtype(dtype).kind == "f" else np.zeros(shape, dtype))
+            one.append(rng.standard_normal(shape).astype(dtype) if np.dtype(dtype).kind == "f" else np.ones(shape, dtype))
             if i["data_type"] == "TYPE_BF16":
                 one[-1] = bf16_bits(self.torch.from_numpy(one[-1]).to(self.torch.bfloat16), self.torch)
         why = None
         try:
-            single = self.call(one)
+            single = self.call([a.copy() for a in one])  # copies: a model may write its inputs in place
             many = self.call([np.repeat(a, rows, axis=0) for a in one])
             for s, m in zip(single, many):
                 m, s = as_float(m, self.torch), as_float(s, self.torch)
