@@ -35,6 +35,19 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def switches(pid):
+    """Context switches (voluntary and not) of every thread of the process so far: each is a thread
+    put to sleep or pre-empted, and on a virtual machine each costs more than a small request's work."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                total += sum(int(l.split()[1]) for l in f if "ctxt_switches:" in l)
+        except OSError:
+            pass  # a thread that ended meanwhile
+    return total
+
+
 ORT_SHARE = r"""
 import glob, os, sys
 import onnxruntime as ort
@@ -53,6 +66,58 @@ print(rss() - before)
 """
 
 
+PACED_RUN = r"""
+import os, re, sys, time
+import numpy as np
+import onnxruntime as ort
+path, config, rate, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+text = open(config).read()
+def param(key):
+    m = re.search(r'key: *"%s" *value: *\{ *string_value: *"([^"]*)"' % key, text)
+    return int(m.group(1)) if m and m.group(1).strip() not in ("", "0") else None
+o = ort.SessionOptions()
+o.intra_op_num_threads = param("intra_op_thread_count") or 2
+o.inter_op_num_threads = param("inter_op_thread_count") or 1
+o.add_session_config_entry("session.intra_op.allow_spinning", "0")  # as the server runs it
+s = ort.InferenceSession(path, o, providers=["CPUExecutionProvider"])
+rng = np.random.default_rng(1)
+feed = {}
+for i in s.get_inputs():
+    shape = [1] + [d if isinstance(d, int) and d > 0 else 1 for d in i.shape[1:]]
+    feed[i.name] = (rng.integers(0, 100, shape).astype(np.int64) if "int64" in i.type
+                    else rng.standard_normal(shape).astype(np.float32))
+def paced(work):
+    n, period = int(rate * seconds), 1.0 / rate
+    t = os.times(); before = t.user + t.system
+    start = time.perf_counter()
+    for k in range(n):
+        wait = start + k * period - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        work()
+    t = os.times()
+    return (t.user + t.system - before) / n
+for _ in range(200):
+    s.run(None, feed)
+idle = paced(lambda: None)
+print((paced(lambda: s.run(None, feed)) - idle) * 1e6)
+"""
+
+
+def paced_run(repo, model, rate, seconds):
+    """CPU µs of one ONNX Runtime run of the model at batch 1 in-process, at the same pace as the
+    server is driven, with the server's session settings (its threads, no spinning): what the
+    model itself costs a request at that rate, caches cooled between requests as in the server.
+    The pacing loop's own CPU is measured alone and taken off."""
+    model_dir = os.path.join(repo, model)
+    out = subprocess.run([sys.executable, "-c", PACED_RUN, os.path.join(model_dir, "1", "model.onnx"),
+                          os.path.join(model_dir, "config.pbtxt"), str(rate), str(seconds)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(out.stderr[-2000:])
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def ort_share(repo, threads):
     """Resident memory ONNX Runtime itself takes for the repository's models (in-process, the
     same thread count), over a Python that already imported numpy."""
@@ -67,13 +132,13 @@ def resident(pid):
     """Resident MiB by what holds it: the ferry binary's pages, ONNX Runtime's library pages, other
     libraries, and anonymous memory (heaps, stacks, sessions' weights)."""
     parts = {"binary": 0, "onnxruntime": 0, "libraries": 0, "anonymous": 0}
-    kind = "anonymous"
+    kind, binary = "anonymous", os.readlink(f"/proc/{pid}/exe")
     with open(f"/proc/{pid}/smaps") as f:
         for line in f:
             head = line.split()
             if head and "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
                 path = head[5] if len(head) > 5 else ""
-                kind = ("binary" if path.endswith("/ferry") else "onnxruntime" if "libonnxruntime" in path
+                kind = ("binary" if path == binary else "onnxruntime" if "libonnxruntime" in path
                         else "libraries" if path.startswith("/") else "anonymous")
             elif head and head[0] == "Rss:":
                 parts[kind] += int(head[1]) / 1024
@@ -225,16 +290,16 @@ def grpc_sender(port, body):
 
 def measure(pid, base, model, factory, rate, seconds, profile):
     drive(factory, rate, 0.5)  # warm the connections and the model
-    before = run.stats(base, model)[0], cpu_seconds(pid), time.perf_counter()
+    before = run.stats(base, model)[0], cpu_seconds(pid), time.perf_counter(), switches(pid)
     perf = None
     if profile:
         data = os.path.join(run.WORK, "cost.perf.data")
         perf = subprocess.Popen(["perf", "record", "-q", "-F", "1999", "-o", data, "-p", str(pid)],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.3)
-        before = run.stats(base, model)[0], cpu_seconds(pid), time.perf_counter()
+        before = run.stats(base, model)[0], cpu_seconds(pid), time.perf_counter(), switches(pid)
     sent, errors = drive(factory, rate, seconds)
-    after = run.stats(base, model)[0], cpu_seconds(pid), time.perf_counter()
+    after = run.stats(base, model)[0], cpu_seconds(pid), time.perf_counter(), switches(pid)
     top = []
     if perf:
         perf.send_signal(2)
@@ -242,7 +307,8 @@ def measure(pid, base, model, factory, rate, seconds, profile):
         top = flat_profile(os.path.join(run.WORK, "cost.perf.data"))
     n = after[0] - before[0]
     return {"requests": n, "errors": errors, "rate": n / (after[2] - before[2]),
-            "us": (after[1] - before[1]) * 1e6 / max(n, 1), "top": top}
+            "us": (after[1] - before[1]) * 1e6 / max(n, 1), "switches": (after[3] - before[3]) / max(n, 1),
+            "top": top}
 
 
 def flat_profile(data, count=12):
@@ -307,6 +373,7 @@ def main():
                 arrays, outputs = sample(servers["this"]["base"], model)
                 for protocol in args.protocols.split(","):
                     got = {label: [] for label, _ in builds}
+                    sw = {label: [] for label, _ in builds}
                     top = []
                     for _ in range(1 if args.profile else args.rounds):
                         for label, _ in builds:
@@ -315,11 +382,13 @@ def main():
                             m = measure(srv["proc"].pid, srv["base"], model, f, args.rate, args.seconds,
                                         args.profile and label == "this")
                             got[label].append(m["us"] if m["errors"] == 0 else float("nan"))
+                            sw[label].append(m["switches"])
                             top = m["top"] or top
                     med = {label: statistics.median(v) for label, v in got.items()}
+                    med_sw = {label: statistics.median(v) for label, v in sw.items()}
                     print(f"{model} {protocol} batching {batching}: " + ", ".join(
-                        f"{label} {v:.0f} µs" for label, v in med.items()), flush=True)
-                    rows.append((model, protocol, batching, med))
+                        f"{label} {v:.0f} µs {med_sw[label]:.2f} switches" for label, v in med.items()), flush=True)
+                    rows.append((model, protocol, batching, med, med_sw))
                     if top:
                         profiles.append((f"{names_this}, {model}, {protocol}, batching {batching}", top))
         finally:
@@ -335,15 +404,32 @@ def main():
                "--profile has the costs)" if args.profile else f"the median of {args.rounds} windows per cell")
             + (", the builds measured window after window, all serving at once" if args.before else "")
             + ". Server CPU: user + system time of every server thread from /proc over the window, divided by the "
-            "requests the server's statistics counted in it.", "",
+            "requests the server's statistics counted in it. Switches: the context switches of every server "
+            "thread (/proc/<pid>/task/*/status) over the window, per request.", "",
             "| model | protocol | dynamic batching | " + " | ".join(f"µs per request, {names[l]}" for l in labels)
-            + (" | change |" if args.before else " |"),
-            "|---|---|---|" + "---|" * len(labels) + ("---|" if args.before else "")]
-    for model, protocol, batching, med in rows:
+            + (" | change |" if args.before else " |") + " | ".join(f" switches per request, {names[l]}" for l in labels)
+            + " |",
+            "|---|---|---|" + "---|" * len(labels) + ("---|" if args.before else "") + "---|" * len(labels)]
+    for model, protocol, batching, med, med_sw in rows:
         cells = " | ".join(f"{med[l]:.0f}" for l in labels)
         change = f" | {100 * (med['this'] / med[args.before_label] - 1):+.0f}%" if args.before else ""
-        body.append(f"| {model} | {protocol} | {batching} | {cells}{change} |")
+        switch_cells = " | ".join(f"{med_sw[l]:.2f}" for l in labels)
+        body.append(f"| {model} | {protocol} | {batching} | {cells}{change} | {switch_cells} |")
     if not args.profile:
+        protocols = args.protocols.split(",")
+        body += ["", f"What the model itself costs at the same pace: ONNX Runtime in-process (Python, the model's "
+                 f"thread settings, no spinning), one batch-1 run every {1e6 / args.rate:.0f} µs, CPU µs per run "
+                 f"(the median of {args.rounds} windows of {args.seconds:.0f} s, the pacing loop's own CPU taken off); "
+                 f"the server's own share is the server's CPU per request without batching less that:", "",
+                 "| model | model's CPU per run (µs) | " + " | ".join(f"server's own, {p} (µs)" for p in protocols) + " |",
+                 "|---|---|" + "---|" * len(protocols)]
+        for model in args.models.split(","):
+            own = statistics.median(paced_run(args.off, model, args.rate, args.seconds) for _ in range(args.rounds))
+            cells = []
+            for p in protocols:
+                med = next(r[3]["this"] for r in rows if r[0] == model and r[1] == p and r[2] == "off")
+                cells.append(f"{med - own:.0f}")
+            body.append(f"| {model} | {own:.0f} | " + " | ".join(cells) + " |")
         empty = os.path.join(run.WORK, "empty_repository")
         os.makedirs(empty, exist_ok=True)
         os.environ["FERRY_BENCH_BIN"] = builds[-1][1]
