@@ -15,7 +15,7 @@
 #   add --pytorch [--torch VERSION] for the PyTorch image (tag ferry:pytorch by default): the
 #     Python image with the official PyTorch from PyPI (default 2.15.0, the version the tests use)
 #     and the CUDA library wheels it needs even on a CPU; with --gpu, the GPU image's ONNX Runtime
-#     too. Wheels downloaded on the host are kept in container/.work/ for the next build.
+#     too. With --from-host the packages are installed by this machine's pip (nothing is cached).
 # Prints the image's size.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -65,11 +65,12 @@ args=(--pull=false)
 if $from_host; then
   source scripts/venv.sh
   if [ -n "$binary" ]; then
-    cp "$binary" container/prebuilt/ferry
+    host_ferry="$binary"
   else
     if [ "$profile" = release ]; then cargo build --release --locked; else cargo build --locked; fi
-    cp "target/$profile/ferry" container/prebuilt/ferry
+    host_ferry="target/$profile/ferry"
   fi
+  cp "$host_ferry" container/prebuilt/ferry
   if [ "$profile" = release ]; then strip container/prebuilt/ferry; fi
   if $gpu; then
     rm -rf container/.work/wheels
@@ -92,31 +93,61 @@ if $gpu && ! $from_host; then
   args+=(--build-arg ONNXRUNTIME_PACKAGE=onnxruntime-gpu --build-arg "ONNXRUNTIME_VERSION=${ort_gpu_version}"
          --build-arg "CUDA_PACKAGES=${cuda_packages}")
 fi
+dangling_before="$(docker images -q -f dangling=true | sort)"
 docker build "${args[@]}" -f container/Dockerfile -t "$tag" .
 find container/prebuilt -mindepth 1 ! -name README.md -delete
 if $python; then
+  packages="numpy $python_packages"
+  python_args=(--build-arg "PYTHON_PACKAGES=$packages")
   if $from_host; then
-    # The wheels for the base's Python (numpy; PyTorch and what it depends on), so the build
-    # needs no index; kept per package list, as PyTorch's are about 4 GB.
-    wheels="container/.work/wheels-$(echo "numpy $python_packages" | tr -c 'A-Za-z0-9.\n' '_')"
-    if [ ! -f "$wheels/.ready" ]; then
-      rm -rf "$wheels"
-      # Every manylinux tag the base's glibc (Debian 12: 2.36) runs.
-      platforms=(--platform manylinux2014_x86_64)
-      for minor in $(seq 17 36); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
-      # shellcheck disable=SC2086 # the package list splits on purpose
-      python3 -m pip download -q --only-binary=:all: "${platforms[@]}" --python-version 3.11 \
-        numpy $python_packages -d "$wheels"
-      touch "$wheels/.ready"
-    fi
-    mkdir -p container/prebuilt/wheels
-    cp -al "$wheels"/*.whl container/prebuilt/wheels/ 2>/dev/null || cp "$wheels"/*.whl container/prebuilt/wheels/
     bash container/bases.sh --python
+    python_base=docker.io/library/python:3.11-slim-bookworm
+    with_packages=ferry.local/python-packages:build
+    # The packages are installed here, by this machine's pip for the base's Python (its version,
+    # every manylinux tag its glibc runs: Debian 12's 2.36), into a copy of the base's file system
+    # that is imported as the one image the Python image starts from: nothing is downloaded or
+    # copied twice (PyTorch installs as about 5.5 GB), and the build needs no index.
+    stage="$root/container/.work/python-root"
+    trap 'rm -rf "$stage"' EXIT
+    rm -rf "$stage" && mkdir -p "$stage"
+    cid="$(docker create "$python_base" /bin/sh)"
+    docker export "$cid" | tar -C "$stage" --numeric-owner -x
+    docker rm "$cid" >/dev/null
+    read -r site pyver < <(docker run --rm --entrypoint python3 "$python_base" -c \
+      'import sys, sysconfig; print(sysconfig.get_paths()["purelib"], "%d.%d" % sys.version_info[:2])')
+    platforms=(--platform manylinux2014_x86_64)
+    for minor in $(seq 17 36); do platforms+=(--platform "manylinux_2_${minor}_x86_64"); done
+    # shellcheck disable=SC2086 # the package list splits on purpose
+    python3 -m pip install -q --no-cache-dir --only-binary=:all: "${platforms[@]}" --python-version "$pyver" \
+      --implementation cp --target "$stage$site" $packages
+    # Console scripts name this machine's interpreter; the image runs its packages as modules.
+    rm -rf "${stage:?}$site/bin"
+    # ferry's TorchScript shim, compiled here against the image's own PyTorch (the image has no
+    # compiler), so TorchScript runs inside the server there too; without a compiler here the
+    # image runs TorchScript in processes.
+    if $pytorch && command -v "${CXX:-c++}" >/dev/null; then
+      version="$(sed -n "s/^__version__ = '\(.*\)'/\1/p" "$stage$site/torch/version.py")"
+      "$host_ferry" __torchscript-shim "$stage$site/torch/lib/libtorch_cpu.so" \
+        "container/prebuilt/libferry_torchscript-${version}.so"
+    fi
+    # The base's environment (PATH, LANG…) carries over; `docker import` starts with none.
+    changes=()
+    while IFS= read -r e; do
+      [ -n "$e" ] && changes+=(--change "ENV ${e%%=*}=\"${e#*=}\"")
+    done < <(docker image inspect -f '{{range .Config.Env}}{{println .}}{{end}}' "$python_base")
+    # Each file leaves the copy once it is in the stream, so the disk never holds the packages twice.
+    tar -C "$stage" --numeric-owner --remove-files -c . | docker import "${changes[@]}" - "$with_packages" >/dev/null
+    rm -rf "$stage"
+    python_args=(--build-arg "PYTHON_BASE=$with_packages" --build-arg PYTHON_PACKAGES=)
   fi
-  docker build --pull=false --build-arg FERRY="$tag" --build-arg "PYTHON_PACKAGES=$python_packages" \
+  docker build --pull=false --build-arg FERRY="$tag" "${python_args[@]}" \
     -f container/Dockerfile.python -t "$final_tag" .
   find container/prebuilt -mindepth 1 ! -name README.md -delete
   docker rmi -f "$tag" >/dev/null
+  if $from_host; then docker rmi "$with_packages" >/dev/null; fi
   tag="$final_tag"
 fi
+# The build stages' images are left untagged (the Python image's would keep the packages' layers
+# after the image goes): those this build left are removed.
+comm -13 <(echo "$dangling_before") <(docker images -q -f dangling=true | sort) | xargs -r docker rmi >/dev/null
 docker image inspect -f '{{.Size}}' "$tag" | awk -v t="$tag" '{printf "%s: %.1f MB\n", t, $1/1e6}'

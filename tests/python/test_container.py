@@ -334,9 +334,9 @@ def test_the_python_image_runs_python_models_with_added_packages_and_env_archive
 
 def test_the_pytorch_image_serves_torchscript_and_aoti_models_on_its_own_pytorch(tmp_path):
     """`container/build.sh --pytorch`: the Python image with the official PyTorch from PyPI, no
-    PyTorch on the host needed at run time. A TorchScript model and an AOTInductor package made by
-    the tests' PyTorch (the same version) serve from the image over HTTP, batched, with the outputs
-    PyTorch computed in-process."""
+    PyTorch on the host needed at run time, and ferry's TorchScript shim built for it. A TorchScript
+    model and an AOTInductor package made by the tests' PyTorch (the same version) serve from the
+    image over HTTP inside the server, batched, with the outputs PyTorch computed in-process."""
     torch_python = os.environ.get("FERRY_TORCH_PYTHON")
     if not torch_python:
         if os.environ.get("FERRY_REQUIRE_TORCH") == "1":
@@ -346,12 +346,17 @@ def test_the_pytorch_image_serves_torchscript_and_aoti_models_on_its_own_pytorch
                              capture_output=True, text=True, check=True).stdout.strip()
     made = tmp_path / "made"
     made.mkdir()
-    subprocess.run([torch_python, os.path.join(ROOT, "tests", "python", "torch_models.py"), str(made / "repo"),
-                    "--aoti"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([torch_python, os.path.join(ROOT, "tests", "python", "torch_models.py"), str(made / "repo")],
+                   check=True, stdout=subprocess.DEVNULL)
+    packages = tmp_path / "packages"
+    packages.mkdir()
+    subprocess.run([torch_python, os.path.join(ROOT, "tests", "python", "torch_packages.py"), str(packages / "repo"),
+                    "mlp"], check=True, stdout=subprocess.DEVNULL)
     expected = dict(np.load(made / "expected.npz"))
+    from_package = dict(np.load(packages / "expected.npz"))
     repo = tmp_path / "repo"
-    for name in ("mlp", "mlp_aoti"):
-        shutil.copytree(made / "repo" / name, repo / name)
+    shutil.copytree(made / "repo" / "mlp", repo / "mlp")
+    shutil.copytree(packages / "repo" / "mlp_aoti", repo / "mlp_aoti")
     subprocess.run(["chmod", "-R", "a+rX", str(repo)], check=True)
     subprocess.run(["bash", os.path.join(ROOT, "container", "build.sh"), "--from-host", "--debug", "--pytorch",
                     "--torch", version, "--tag", TORCH_IMAGE], check=True, stdout=subprocess.DEVNULL)
@@ -363,6 +368,8 @@ def test_the_pytorch_image_serves_torchscript_and_aoti_models_on_its_own_pytorch
             status, _, body = request(port, "POST", "/v2/repository/index", b"{}")
             ready = {m["name"] for m in json.loads(body) if m.get("state") == "READY"}
             assert ready == {"mlp", "mlp_aoti"}, (body, c.log())
+            # The image ships ferry's TorchScript shim for its PyTorch: TorchScript runs in the server.
+            assert "TorchScript models run inside the server" in c.log(), c.log()
             x, want = expected["mlp_in"], expected["mlp_out"]
 
             def infer(name, tin, part):
@@ -375,10 +382,11 @@ def test_the_pytorch_image_serves_torchscript_and_aoti_models_on_its_own_pytorch
             np.testing.assert_allclose(infer("mlp", "INPUT__0", x), want, rtol=1e-5, atol=1e-6)
             # One row per request from 8 clients: the package's dynamic batch dimension batches them.
             from concurrent.futures import ThreadPoolExecutor
+            px, pwant = from_package["mlp_in"], from_package["mlp_out"]
             with ThreadPoolExecutor(8) as pool:
-                got = list(pool.map(lambda k: infer("mlp_aoti", "ARGS[0]", x[k % 5:k % 5 + 1]), range(24)))
+                got = list(pool.map(lambda k: infer("mlp_aoti", "ARGS[0]", px[k % 5:k % 5 + 1]), range(24)))
             for k, g in enumerate(got):
-                np.testing.assert_allclose(g, want[k % 5:k % 5 + 1], rtol=1e-4, atol=1e-5)
+                np.testing.assert_allclose(g, pwant[k % 5:k % 5 + 1], rtol=1e-4, atol=1e-5)
             status, _, body = request(port, "GET", "/v2/models/mlp_aoti/stats")
             stats = json.loads(body)["model_stats"][0]
             assert stats["inference_count"] == 24 and stats["execution_count"] < 24, stats
