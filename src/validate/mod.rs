@@ -274,12 +274,11 @@ fn check_input(model: &str, schema: &Schema, spec: &TensorSpec, t: InputTensor) 
 }
 
 fn check_byte_size(model: &str, t: &InputTensor, utf8: bool) -> Result<()> {
-    let count = element_count(&t.shape).ok_or_else(|| {
-        Error::invalid(format!("shape {} of input '{}' is too large", shape_string(&t.shape), t.name))
-    })?;
+    let too_large = || Error::invalid(format!("shape {} of input '{}' is too large", shape_string(&t.shape), t.name));
+    let count = element_count(&t.shape).ok_or_else(too_large)?;
     match t.datatype.size() {
         Some(size) => {
-            let expected = count.saturating_mul(size);
+            let expected = count.checked_mul(size).ok_or_else(too_large)?;
             if expected != t.byte_len() {
                 return Err(Error::invalid(format!(
                     "input byte size mismatch for input '{}' for model '{model}'. Expected {expected}, got {}",

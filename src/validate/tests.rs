@@ -186,3 +186,10 @@ fn an_output_asked_for_twice_is_refused() {
     let m = err(&simple(8), req);
     assert!(m.contains("output 'OUTPUT0' is requested more than once"), "{m}");
 }
+
+#[test]
+fn a_shape_whose_byte_size_overflows_is_too_large() {
+    let t = input("X", DataType::Fp32, &[1, 3, 3074457345618258603, 1], 16);
+    let e = check_byte_size("m", &t, false).unwrap_err();
+    assert_eq!(e.message(), "shape [1,3,3074457345618258603,1] of input 'X' is too large");
+}

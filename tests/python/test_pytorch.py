@@ -204,7 +204,8 @@ def children(pid):
 
 def test_torchscript_runs_inside_the_server(made):
     repo, expected = made
-    models = ["mlp", "cnn", "two", "keyed", "words", "mlp_bf16", "half", "accumulate", "stash", "counter", "nowords"]
+    models = ["mlp", "cnn", "two", "keyed", "words", "mlp_bf16", "half", "accumulate", "stash", "counter", "nowords",
+              "views"]
     with Server(["--model-repository", repo, f"--backend-config=pytorch,python={TORCH_PYTHON}",
                  "--model-control-mode=explicit"] + [f"--load-model={m}" for m in models], timeout=300) as s:
         assert children(s.proc.pid) == [], "no PyTorch process: TorchScript runs in the server"
@@ -215,6 +216,18 @@ def test_torchscript_runs_inside_the_server(made):
         # TorchScript's upper() changes ASCII letters only; the UTF-8 passes through whole.
         assert list(http_infer(s, "words", {"INPUT__0": words}).as_numpy("OUTPUT__0")) == [b"FERRY", b"CAF\xc3\xa9"]
         assert http_infer(s, "nowords", {"INPUT__0": np.ones(1, np.float32)}).as_numpy("OUTPUT__0").shape == (0,)
+        # More strings than a call may hand the model: the request's 400, and the server serves on.
+        many = np.array([b""] * ((1 << 20) + 1), dtype=object)
+        with pytest.raises(InferenceServerException, match="more than 1048576 strings in one call") as e:
+            http_infer(s, "words", {"INPUT__0": many})
+        assert e.value.status() == "400"
+        assert list(http_infer(s, "words", {"INPUT__0": words}).as_numpy("OUTPUT__0")) == [b"FERRY", b"CAF\xc3\xa9"]
+        # Views PyTorch resolves lazily come back as the values they stand for (a negated view,
+        # and an "efficient zero" tensor, which has no memory behind it).
+        x = np.array([1, -2, 3, 4], np.float32)
+        views = grpc_infer(s, "views", {"INPUT__0": x})
+        np.testing.assert_array_equal(views.as_numpy("OUTPUT__0"), -x)
+        np.testing.assert_array_equal(views.as_numpy("OUTPUT__1"), np.zeros(4, np.float32))
         # A model that keeps its input for the next call keeps what it was given, not ferry's buffer.
         got = [http_infer(s, "stash", {"INPUT__0": np.full(4, k, np.float32)}).as_numpy("OUTPUT__0") for k in (1, 2, 3)]
         np.testing.assert_array_equal(got, [np.zeros(4), np.full(4, 1.0), np.full(4, 2.0)])
@@ -241,15 +254,25 @@ def test_a_model_that_divides_integers_runs_in_a_process(made):
     the server."""
     repo, _ = made
     with Server(["--model-repository", repo, f"--backend-config=pytorch,python={TORCH_PYTHON}",
-                 "--model-control-mode=explicit", "--load-model=intdiv"], timeout=300) as s:
-        assert children(s.proc.pid), "expected a PyTorch process"
-        assert any("which on integers can fault the process" in line for line in s.lines)
+                 "--model-control-mode=explicit", "--load-model=intdiv", "--load-model=divmod",
+                 "--load-model=forked"], timeout=300) as s:
+        assert len(children(s.proc.pid)) >= 3, "expected a PyTorch process per model"
+        assert any("its forward calls aten::div, which on integers can fault the process" in line for line in s.lines)
+        assert any("its forward calls aten::divmod" in line for line in s.lines)
+        # Work started by torch.jit.fork is a subgraph the check cannot look into.
+        assert any("runs code through prim::fork, which ferry cannot inspect" in line for line in s.lines)
         a, b = np.array([7, -7], np.int64), np.array([2, 2], np.int64)
-        np.testing.assert_array_equal(grpc_infer(s, "intdiv", {"INPUT__0": a, "INPUT__1": b}).as_numpy("OUTPUT__0"), [3, -3])
+        for name in ("intdiv", "forked"):
+            np.testing.assert_array_equal(grpc_infer(s, name, {"INPUT__0": a, "INPUT__1": b}).as_numpy("OUTPUT__0"), [3, -3])
+            with pytest.raises(InferenceServerException):
+                grpc_infer(s, name, {"INPUT__0": np.array([-2**63, 1], np.int64), "INPUT__1": np.array([-1, 1], np.int64)})
+            assert httpclient.InferenceServerClient(s.url).is_server_live()
+            np.testing.assert_array_equal(grpc_infer(s, name, {"INPUT__0": a, "INPUT__1": b}).as_numpy("OUTPUT__0"), [3, -3])
+        np.testing.assert_array_equal(grpc_infer(s, "divmod", {"INPUT__0": np.array([7, 2], np.int64)}).as_numpy("OUTPUT__0"), [3, 1])
         with pytest.raises(InferenceServerException):
-            grpc_infer(s, "intdiv", {"INPUT__0": np.array([-2**63, 1], np.int64), "INPUT__1": np.array([-1, 1], np.int64)})
+            grpc_infer(s, "divmod", {"INPUT__0": np.array([-2**63, -1], np.int64)})
         assert httpclient.InferenceServerClient(s.url).is_server_live()
-        np.testing.assert_array_equal(grpc_infer(s, "intdiv", {"INPUT__0": a, "INPUT__1": b}).as_numpy("OUTPUT__0"), [3, -3])
+        np.testing.assert_array_equal(grpc_infer(s, "divmod", {"INPUT__0": np.array([7, 2], np.int64)}).as_numpy("OUTPUT__0"), [3, 1])
 
 
 def test_a_python_without_pytorch_fails_the_load_clearly(made, tmp_path):

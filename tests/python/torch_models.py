@@ -106,6 +106,32 @@ class IntDivide(torch.nn.Module):
         return torch.div(a, b, rounding_mode="trunc")
 
 
+class Divmod(torch.nn.Module):
+    """Python's divmod on ints: integer division by an operator of its own name."""
+
+    def forward(self, x):
+        q, r = divmod(int(x[0]), int(x[1]))
+        return torch.tensor([q, r])
+
+
+def truncate(a, b):
+    return torch.div(a, b, rounding_mode="trunc")
+
+
+class Forked(torch.nn.Module):
+    """The division in work started by torch.jit.fork, a subgraph of its own."""
+
+    def forward(self, a, b):
+        return torch.jit.wait(torch.jit.fork(truncate, a, b))
+
+
+class Views(torch.nn.Module):
+    """Outputs that are views PyTorch resolves lazily: a negated view and an "efficient zero"."""
+
+    def forward(self, x):
+        return torch._neg_view(x), torch._efficientzerotensor([x.size(0)])
+
+
 class NoWords(torch.nn.Module):
     def forward(self, x) -> List[str]:
         return []
@@ -161,6 +187,21 @@ max_batch_size: 0
 input [ { name: "INPUT__0" data_type: TYPE_INT64 dims: [ 2 ] }, { name: "INPUT__1" data_type: TYPE_INT64 dims: [ 2 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ 2 ] } ]
 ''', {"model.pt": lambda p: torch.jit.script(IntDivide()).save(p)})
+    write(repo, "divmod", '''platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_INT64 dims: [ 2 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ 2 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(Divmod()).save(p)})
+    write(repo, "forked", '''platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_INT64 dims: [ 2 ] }, { name: "INPUT__1" data_type: TYPE_INT64 dims: [ 2 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ 2 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(Forked()).save(p)})
+    write(repo, "views", '''platform: "pytorch_libtorch"
+max_batch_size: 0
+input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 4 ] }, { name: "OUTPUT__1" data_type: TYPE_FP32 dims: [ 4 ] } ]
+''', {"model.pt": lambda p: torch.jit.script(Views()).save(p)})
     write(repo, "nowords", '''platform: "pytorch_libtorch"
 max_batch_size: 0
 input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 1 ] } ]

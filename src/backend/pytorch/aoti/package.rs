@@ -133,6 +133,19 @@ pub fn open(path: &Path) -> Result<Opened, Refusal> {
         }
         None => HashMap::new(),
     };
+    // The library's first bytes before anything is written: a member that is not an ELF file is
+    // refused without unpacking it (it may unpack to far more than the archive holds).
+    let mut magic = [0u8; 4];
+    zip.by_index(library)
+        .map_err(|e| broken(e.to_string()))?
+        .read_exact(&mut magic)
+        .map_err(|e| broken(format!("its model library: {e}")))?;
+    if &magic != b"\x7fELF" {
+        return Err(Refusal::Broken(format!(
+            "the model library in '{}' is not a loadable library: not an ELF file",
+            path.display()
+        )));
+    }
     let dir = tempfile::Builder::new().prefix("ferry-aoti-").tempdir().map_err(|e| broken(e.to_string()))?;
     let target = dir.path().join("model.so");
     let digest = {
@@ -496,6 +509,11 @@ mod tests {
             ("m/data/aotinductor/model/k.cpp", KERNEL),
         ]);
         assert!(matches!(open(not_elf.path()), Err(Refusal::Broken(e)) if e.contains("not a loadable library")));
+        // A member that is not ELF is refused from its first bytes, before it is unpacked.
+        let zeros = vec![0u8; 1 << 20];
+        let not_elf_at_all =
+            package(&[("m/data/aotinductor/model/a.so", &zeros), ("m/data/aotinductor/model/k.cpp", KERNEL)]);
+        assert!(matches!(open(not_elf_at_all.path()), Err(Refusal::Broken(e)) if e.ends_with("not an ELF file")));
         let bad_meta = package(&[
             ("m/data/aotinductor/model/a.so", &elf(&[])),
             ("m/data/aotinductor/model/k.cpp", KERNEL),

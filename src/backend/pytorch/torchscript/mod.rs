@@ -138,11 +138,8 @@ impl TorchScript {
             return base.share().map(Ok);
         }
         let module = load_deep(shim, path).map_err(|e| format!("cannot load '{}': {e}", path.display()))?;
-        let faulting = module.faulting_ops()?;
-        if !faulting.is_empty() {
-            return Ok(Err(format!(
-                "its forward calls {faulting}, which on integers can fault the process (INT64_MIN divided by -1)"
-            )));
+        if let Some(why) = faults(&module.faulting_ops()?) {
+            return Ok(Err(why));
         }
         let Some(k) = key else { return Ok(Ok(module)) };
         let base = Arc::new(module);
@@ -292,6 +289,11 @@ struct ScriptInstance {
     batching: bool,
 }
 
+/// The most strings one call hands a model, over all its inputs: each becomes a C++ string in a
+/// TorchScript list, about 200 bytes of the server's memory with the copies around it, however
+/// short it is (bounding what a request of empty strings can make the server allocate).
+const MAX_STRINGS: usize = 1 << 20;
+
 /// A BYTES input's elements as the shim takes them (text, pointers and lengths).
 struct Strings {
     pointers: Vec<*const std::ffi::c_char>,
@@ -303,10 +305,19 @@ impl ScriptInstance {
         let rows = if self.batching { inputs.first().and_then(|i| i.shape.first().copied()) } else { None };
         // The shim copies each tensor into one of PyTorch's own (the model may write it, or keep it).
         let mut strings: Vec<Option<Strings>> = Vec::with_capacity(inputs.len());
+        let mut count = 0usize;
         for input in inputs {
             if input.datatype == DataType::Bytes {
                 let mut s = Strings { pointers: Vec::new(), lengths: Vec::new() };
                 for e in bytes_elements(input.data) {
+                    count += 1;
+                    if count > MAX_STRINGS {
+                        return Err(format!(
+                            "more than {MAX_STRINGS} strings in one call (input '{}'); a TorchScript model run in \
+                             the server takes at most that many",
+                            input.name
+                        ));
+                    }
                     let e = e.map_err(|e| e.message().to_string())?;
                     std::str::from_utf8(e).map_err(|e| {
                         format!("a string input holds bytes that are not UTF-8 ({e}); TorchScript strings are text")
@@ -416,6 +427,9 @@ fn to_tensor(
     if raw.is_strings != 0 {
         let n = raw.count.max(0) as usize;
         let mut data = Vec::new();
+        if n > 0 && (raw.strings.is_null() || raw.lengths.is_null()) {
+            return Err(format!("output '{name}' is not a list of strings ferry can read"));
+        }
         for i in 0..n {
             // SAFETY: the shim's arrays hold `count` strings, valid while the result lives.
             let s =
@@ -427,7 +441,7 @@ fn to_tensor(
     }
     let datatype = DataType::from_config(raw.dtype)
         .ok_or_else(|| format!("output '{name}' is a tensor of a dtype that has no KServe datatype"))?;
-    if !(0..=64).contains(&raw.ndim) || raw.nbytes < 0 {
+    if !(0..=64).contains(&raw.ndim) || raw.nbytes < 0 || (raw.nbytes > 0 && raw.data.is_null()) {
         return Err(format!("output '{name}' is not a tensor ferry can read"));
     }
     // SAFETY: the shim's shape has ndim entries, and its data nbytes bytes, while the result lives.
@@ -441,6 +455,26 @@ fn to_tensor(
     // A scalar is what a config declares as dims [ 1 ].
     let shape = if shape.is_empty() && rows.is_none() { vec![1] } else { shape };
     Ok(Tensor { name: name.to_string(), datatype, shape, data: Bytes::from(data) })
+}
+
+/// Why a model whose forward calls `kinds` (the shim's list: dividing operators, and the calls it
+/// cannot look into) must run in a process, if it must.
+fn faults(kinds: &str) -> Option<String> {
+    let (opaque, dividing): (Vec<&str>, Vec<&str>) =
+        kinds.split(", ").filter(|k| !k.is_empty()).partition(|k| k.starts_with("prim::"));
+    if !dividing.is_empty() {
+        return Some(format!(
+            "its forward calls {}, which on integers can fault the process (INT64_MIN divided by -1)",
+            dividing.join(", ")
+        ));
+    }
+    (!opaque.is_empty()).then(|| {
+        format!(
+            "its forward runs code through {}, which ferry cannot inspect for integer divisions (INT64_MIN divided \
+             by -1 faults the process)",
+            opaque.join(", ")
+        )
+    })
 }
 
 impl ModelInstance for ScriptInstance {
@@ -459,6 +493,15 @@ mod tests {
 
     fn args(names: &[(&str, bool)]) -> Vec<Argument> {
         names.iter().map(|(n, r)| Argument { name: n.to_string(), required: *r }).collect()
+    }
+
+    #[test]
+    fn a_model_that_must_run_in_a_process_says_why() {
+        assert_eq!(faults(""), None);
+        assert!(faults("aten::divmod").unwrap().starts_with("its forward calls aten::divmod, which on integers"));
+        assert!(faults("prim::fork").unwrap().starts_with("its forward runs code through prim::fork, which ferry"));
+        // A division found is the reason, whatever else there is.
+        assert!(faults("prim::fork, aten::fmod").unwrap().starts_with("its forward calls aten::fmod, which"));
     }
 
     #[test]

@@ -146,9 +146,22 @@ void* fts_share(void* model, char** err) {
   return ok ? copy.release() : nullptr;
 }
 
-// The operators of forward (everything it calls inlined) that divide integers with a rounding
-// mode or take a remainder: an integer division of INT64_MIN by -1 (or by zero, for some) is a
-// hardware fault that ends the process. Empty when there are none; freed by the caller.
+// Whether an operator divides integers with a rounding mode or takes a remainder (or a gcd, which
+// takes remainders): on integers, INT64_MIN divided by -1 (or by zero, for some) is a hardware fault
+// that ends the process. Matched by part of the name, so every overload and in-place form counts.
+static bool divides(const torch::jit::Node* node, const std::string& kind) {
+  if (kind == "aten::div") return node->inputs().size() >= 3;
+  static const char* const parts[] = {"aten::div_", "floor_divide", "floordiv", "remainder", "fmod",
+                                      "divmod", "mod__", "aten::gcd", "aten::lcm"};
+  for (const char* part : parts) {
+    if (kind.find(part) != std::string::npos) return true;
+  }
+  return false;
+}
+
+// The operators of forward (everything it calls inlined) that divide integers as above, and the
+// nodes whose code the walk cannot see (forked or awaited subgraphs, calls left uninlined, such as
+// calls through an interface), by name ("prim::..."). Empty when there are none; freed by the caller.
 char* fts_faulting_ops(void* model, char** err) {
   std::string found;
   bool ok = guarded(err, [&] {
@@ -162,9 +175,10 @@ char* fts_faulting_ops(void* model, char** err) {
       for (auto* node : block->nodes()) {
         for (auto* b : node->blocks()) blocks.push_back(b);
         std::string kind = node->kind().toQualString();
-        bool rounding = kind == "aten::div" && node->inputs().size() >= 3;
-        if (rounding || kind == "aten::floor_divide" || kind == "aten::remainder" || kind == "aten::fmod" ||
-            kind == "aten::floordiv" || kind == "aten::__floordiv__" || kind == "aten::div_" || kind == "aten::remainder_") {
+        bool opaque = kind == "prim::fork" || kind == "prim::awaitable" || kind == "prim::CallMethod" ||
+                      kind == "prim::CallFunction" || node->hasAttribute(torch::jit::attr::Subgraph);
+        if (opaque && kind.rfind("prim::", 0) != 0) kind = "prim::Subgraph (" + kind + ")";
+        if (opaque || divides(node, kind)) {
           if (found.find(kind) == std::string::npos) found += (found.empty() ? "" : ", ") + kind;
         }
       }
@@ -221,7 +235,14 @@ static void add_output(Result& result, const std::string& key, const c10::IValue
     if (t.is_nested() || t.layout() != at::kStrided || !t.has_storage() || t.is_meta()) {
       throw std::runtime_error("output '" + key + "' is not a dense tensor in memory");
     }
-    out.tensor = t.detach().to(at::kCPU).contiguous();
+    auto plain = t.detach();
+    // An "efficient zero" tensor has no memory behind it; a negated or conjugated view holds the
+    // values before the sign or conjugation is applied: each is made an ordinary tensor first.
+    if (plain._is_zerotensor()) plain = at::zeros(plain.sizes(), at::TensorOptions().dtype(plain.scalar_type()));
+    out.tensor = plain.to(at::kCPU).resolve_conj().resolve_neg().contiguous();
+    if (out.tensor.nbytes() > 0 && out.tensor.data_ptr() == nullptr) {
+      throw std::runtime_error("output '" + key + "' has no memory behind it");
+    }
   } else if (is_strings(v)) {
     out.is_strings = true;
     for (const auto& s : v.toListRef()) out.strings.push_back(s.toStringRef());
