@@ -355,13 +355,22 @@ impl Shared {
             self.answer_swept(&mut q, now);
             q = match q.next_deadline() {
                 Some(at) => {
-                    self.reaper.wait_timeout(q, at.saturating_duration_since(now)).unwrap_or_else(|p| p.into_inner()).0
+                    // Once stopping, the instances take the queued requests without waking the
+                    // reaper: it looks again soon rather than sleeping out the last deadline.
+                    let mut wait = at.saturating_duration_since(now);
+                    if q.stopping {
+                        wait = wait.min(STOPPING_RECHECK);
+                    }
+                    self.reaper.wait_timeout(q, wait).unwrap_or_else(|p| p.into_inner()).0
                 }
                 None => self.reaper.wait(q).unwrap_or_else(|p| p.into_inner()),
             };
         }
     }
 }
+
+/// How often a stopping version's reaper looks whether the queue still holds a deadline.
+const STOPPING_RECHECK: Duration = Duration::from_millis(5);
 
 /// An instance thread: runs batches until the scheduler stops.
 fn serve_instance(shared: &Shared, i: usize) {
