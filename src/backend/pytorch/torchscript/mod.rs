@@ -460,8 +460,15 @@ fn to_tensor(
 /// Why a model whose forward calls `kinds` (the shim's list: dividing operators, and the calls it
 /// cannot look into) must run in a process, if it must.
 fn faults(kinds: &str) -> Option<String> {
-    let (opaque, dividing): (Vec<&str>, Vec<&str>) =
+    let (opaque, rest): (Vec<&str>, Vec<&str>) =
         kinds.split(", ").filter(|k| !k.is_empty()).partition(|k| k.starts_with("prim::"));
+    let (unchecked, dividing): (Vec<&str>, Vec<&str>) = rest.into_iter().partition(|k| k.contains("_unsafe_"));
+    if !unchecked.is_empty() {
+        return Some(format!(
+            "its forward calls {}, which indexes without bounds checks (an index out of range can end the process)",
+            unchecked.join(", ")
+        ));
+    }
     if !dividing.is_empty() {
         return Some(format!(
             "its forward calls {}, which on integers can fault the process (INT64_MIN divided by -1)",
@@ -502,6 +509,7 @@ mod tests {
         assert!(faults("prim::fork").unwrap().starts_with("its forward runs code through prim::fork, which ferry"));
         // A division found is the reason, whatever else there is.
         assert!(faults("prim::fork, aten::fmod").unwrap().starts_with("its forward calls aten::fmod, which"));
+        assert!(faults("aten::_unsafe_index").unwrap().contains("indexes without bounds checks"));
     }
 
     #[test]

@@ -149,10 +149,12 @@ void* fts_share(void* model, char** err) {
 // Whether an operator divides integers with a rounding mode or takes a remainder (or a gcd, which
 // takes remainders): on integers, INT64_MIN divided by -1 (or by zero, for some) is a hardware fault
 // that ends the process. Matched by part of the name, so every overload and in-place form counts.
+// The unchecked indexing operators (`_unsafe_index`, `_unsafe_masked_index`...) count too.
 static bool divides(const torch::jit::Node* node, const std::string& kind) {
   if (kind == "aten::div") return node->inputs().size() >= 3;
   static const char* const parts[] = {"aten::div_", "floor_divide", "floordiv", "remainder", "fmod",
-                                      "divmod", "mod__", "aten::gcd", "aten::lcm"};
+                                      "divmod",     "mod__",        "aten::gcd", "aten::lcm", "_unsafe_index",
+                                      "_unsafe_masked_index"};
   for (const char* part : parts) {
     if (kind.find(part) != std::string::npos) return true;
   }
