@@ -9,6 +9,7 @@ missing library failing only their own model; an ensemble of an XGBoost and a Li
 warm-up and two instances."""
 import json
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -66,6 +67,14 @@ CAT_TRAIN[:, 5] = RNG.integers(0, 7, size=len(TRAIN))
 CAT_Y = ((CAT_TRAIN[:, 5] % 3 == 0) ^ (CAT_TRAIN[:, 0] > 0)).astype(np.float32)
 CAT_ROWS = ROWS.copy()
 CAT_ROWS[:, 5] = np.arange(len(ROWS)) % 9 - 1.0  # each category, an unseen one, and a negative one
+LGB_CAT_ROWS = CAT_ROWS.copy()
+LGB_CAT_ROWS[2, 5] = np.nan  # a missing category goes right (JSON requests leave rows 0-3 out)
+BIG_ROWS = RNG.normal(size=(1500, FEATURES)).astype(np.float32)
+BIG_ROWS[:4, 3] = np.nan  # JSON requests leave rows 0-3 out
+# Zeros where a model trained with zero_as_missing takes its default branch.
+ZERO_TRAIN, ZERO_ROWS = TRAIN.copy(), ROWS.copy()
+ZERO_TRAIN[::4, 1] = 0.0
+ZERO_ROWS[::3, 1] = 0.0
 
 
 @pytest.fixture(scope="module")
@@ -121,9 +130,32 @@ model_warmup [{{ name: "w" batch_size: 4
     write(repo, "lgb_multi", {"model.txt": lmulti.model_to_string().encode()},
           {"model_type": "lightgbm", "output_class": "false", "cpu_nthread": "2"}, width=4,
           extra="dynamic_batching { max_queue_delay_microseconds: 20000 }\n")
+    # A batch large enough to be split over the instance's two threads.
+    expected["lgb_big"] = lmulti.predict(BIG_ROWS.astype(np.float64)).astype(np.float32)
+    write(repo, "lgb_big", {"model.txt": lmulti.model_to_string().encode()},
+          {"model_type": "lightgbm", "cpu_nthread": "2"}, width=4, max_batch_size=2048)
     expected["lgb_multi_class"] = lprobs.argmax(axis=1).astype(np.float32).reshape(-1, 1)
     write(repo, "lgb_multi_class", {"model.txt": lmulti.model_to_string().encode()},
           {"model_type": "lightgbm", "output_class": "true"})
+
+    # More of LightGBM's rules, which ferry walks once they agree with LightGBM: categorical splits
+    # (with missing and negative categories), zero as missing, Poisson (exp), one-vs-rest and a
+    # random forest (averaged).
+    def lgb_model(name, params, x, y, rows, width=1, **dataset):
+        booster = lgb.train({"num_leaves": 15, "verbose": -1, "num_threads": 1, "min_data_in_leaf": 5, **params},
+                            lgb.Dataset(x, label=y, **dataset), num_boost_round=20)
+        expected[name] = booster.predict(rows.astype(np.float64)).reshape(len(rows), width).astype(np.float32)
+        write(repo, name, {"model.txt": booster.model_to_string().encode()}, {"model_type": "lightgbm"}, width=width)
+        return booster
+
+    cat = lgb_model("lgb_cat", {"objective": "binary", "cat_smooth": 1, "min_data_per_group": 5}, CAT_TRAIN, CAT_Y,
+                    LGB_CAT_ROWS, categorical_feature=[5])
+    assert re.search(r"^num_cat=[1-9]", cat.model_to_string(), re.M), "no categorical split was trained"
+    lgb_model("lgb_zero", {"objective": "regression", "zero_as_missing": True}, ZERO_TRAIN, REG_Y, ZERO_ROWS)
+    lgb_model("lgb_poisson", {"objective": "poisson"}, TRAIN, np.round(np.exp(TRAIN[:, 0] * 0.7)), ROWS)
+    lgb_model("lgb_ova", {"objective": "multiclassova", "num_class": 3}, TRAIN, MULTI_Y, ROWS, width=3)
+    lgb_model("lgb_rf", {"objective": "regression", "boosting": "rf", "bagging_freq": 1, "bagging_fraction": 0.7,
+                         "feature_fraction": 0.8}, TRAIN, REG_Y, ROWS)
 
     # Categorical splits (XGBoost's own, trained with enable_categorical), predicted by XGBoost.
     cat_booster = xgb.train({"objective": "binary:logistic", "max_depth": 4, "max_cat_to_onehot": 1},
@@ -337,7 +369,10 @@ def expected(made):
 
 
 SERVED = ["xgb_binary", "xgb_proba", "xgb_class", "xgb_multi", "xgb_multi_class", "xgb_softmax", "xgb_reg",
-          "lgb_proba", "lgb_multi", "lgb_multi_class", "xgb_nobatch", "xgb_categorical", "xgb_multi_target"]
+          "lgb_proba", "lgb_multi", "lgb_multi_class", "xgb_nobatch", "xgb_categorical", "xgb_multi_target",
+          "lgb_cat", "lgb_zero", "lgb_poisson", "lgb_ova", "lgb_rf", "lgb_big"]
+LGB_WALKED = ["lgb_proba", "lgb_multi", "lgb_big", "lgb_cat", "lgb_zero", "lgb_poisson", "lgb_ova", "lgb_rf"]
+ROWS_OF = {"xgb_categorical": CAT_ROWS, "lgb_cat": LGB_CAT_ROWS, "lgb_zero": ZERO_ROWS, "lgb_big": BIG_ROWS}
 
 
 def http_infer(server, model, x, binary=True):
@@ -357,7 +392,7 @@ def grpc_infer(server, model, x):
 
 @pytest.mark.parametrize("model", SERVED)
 def test_outputs_equal_the_frameworks_own_prediction(server, expected, model):
-    want, rows = expected[model], CAT_ROWS if model == "xgb_categorical" else ROWS
+    want, rows = expected[model], ROWS_OF.get(model, ROWS)
     np.testing.assert_allclose(http_infer(server, model, rows), want, rtol=1e-5, atol=1e-6)
     # JSON carries no NaN: the JSON request leaves out the row with a missing value.
     np.testing.assert_allclose(http_infer(server, model, rows[4:], binary=False), want[4:], rtol=1e-5, atol=1e-6)
@@ -388,6 +423,13 @@ def test_common_xgboost_forests_are_walked_by_ferry_once_they_agree_with_xgboost
     walked = [line for line in server.log().splitlines() if "evaluated by ferry" in line]
     for model in ["xgb_binary", "xgb_multi", "xgb_softmax", "xgb_reg"]:
         assert any(model in line for line in walked), (model, walked)
+
+
+def test_lightgbm_forests_are_walked_by_ferry_once_they_agree_with_lightgbm(server):
+    walked = [line for line in server.log().splitlines() if "evaluated by ferry" in line and "LightGBM" in line]
+    for model in LGB_WALKED:
+        assert any(f'"{model}"' in line or f"model={model}" in line for line in walked), (model, walked)
+    assert not [line for line in server.log().splitlines() if "differs from LightGBM" in line]
 
 
 def test_inputs_and_outputs_come_from_the_model(server):

@@ -1,7 +1,8 @@
 //! Tree models as Triton's FIL backend takes them (`backend: "fil"`): XGBoost (JSON, UBJSON) and
-//! LightGBM (text) forests, checked by ferry (`check`), then run by the framework's own predictor
-//! through its C API, loaded at run time like ONNX Runtime (`backend::library`), so the outputs
-//! are the framework's own; Treelite checkpoints, read and evaluated by ferry as Treelite's
+//! LightGBM (text) forests, checked by ferry (`check`), then loaded by the framework's own
+//! predictor through its C API, loaded at run time like ONNX Runtime (`backend::library`). A common
+//! forest is then walked by ferry itself (`native`, `lgb_native`) once its answers on probe rows
+//! equal the framework's, else the framework runs it; Treelite checkpoints, read and evaluated by ferry as Treelite's
 //! reference predictor does (`treelite`). One input `input__0` (FP32, `[batch, features]`), one output
 //! `output__0`: class scores, class probabilities (`predict_proba`), or class ids
 //! (`output_class`, with `threshold` for binary models), as FIL gives them.
@@ -21,6 +22,7 @@ use crate::{
 };
 
 mod check;
+mod lgb_native;
 mod lightgbm;
 mod native;
 mod output;
@@ -105,21 +107,11 @@ impl FilBackend {
                 let ubj = model_type != ModelType::XgboostJson;
                 let bytes = check::read(path).map_err(named)?;
                 let mut info = check::xgboost(&bytes, ubj).map_err(named)?;
-                let mut booster =
+                let booster =
                     xgboost::Booster::load(self.xgboost()?, &bytes, path, &info, threads, gpu).map_err(named)?;
                 // On the CPU, ferry's own walk of a common forest, once it agrees with XGBoost.
-                if let Some(mut native) = info.native.take().filter(|_| gpu.is_none()) {
-                    let rows = native::probe_rows(&native, 64);
-                    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-                    native.predict(&rows, 64, &mut ours).map_err(named)?;
-                    booster.predict(&rows, 64, &mut theirs).map_err(named)?;
-                    if native.width() == booster.width() && native::agrees(&ours, &theirs) {
-                        tracing::info!(model = %config.name, "the forest is evaluated by ferry (it agrees with XGBoost on probe rows)");
-                        return Ok(Box::new(native));
-                    }
-                    tracing::warn!(model = %config.name, "ferry's evaluation of this forest differs from XGBoost's; XGBoost runs it");
-                }
-                Ok(Box::new(booster))
+                let native = info.native.take().filter(|_| gpu.is_none()).map(|n| n.with_threads(threads));
+                own_walk(native, native::probe_rows, booster, "XGBoost", &config.name).map_err(named)
             }
             ModelType::Lightgbm => {
                 if let Device::Gpu(_) = device {
@@ -128,8 +120,10 @@ impl FilBackend {
                         config.name
                     )));
                 }
-                let info = check::lightgbm(check::read(path).map_err(named)?).map_err(named)?;
-                Ok(Box::new(lightgbm::Booster::load(self.lightgbm()?, &info, path, threads).map_err(named)?))
+                let mut info = check::lightgbm(check::read(path).map_err(named)?).map_err(named)?;
+                let booster = lightgbm::Booster::load(self.lightgbm()?, &info, path, threads).map_err(named)?;
+                let native = info.native.take().map(|n| n.with_threads(threads));
+                own_walk(native, lgb_native::LgbForest::probe_rows, booster, "LightGBM", &config.name).map_err(named)
             }
             ModelType::TreeliteCheckpoint => {
                 if let Device::Gpu(_) = device {
@@ -142,6 +136,29 @@ impl FilBackend {
             }
         }
     }
+}
+
+/// ferry's own walk of a forest (`native`) in place of the framework's predictor, once the two
+/// agree on probe rows made from the forest's splits; else the framework's.
+fn own_walk<N: Forest + 'static, F: Forest + 'static>(
+    native: Option<N>,
+    probe: fn(&N, usize) -> Vec<f32>,
+    mut framework: F,
+    name: &str,
+    model: &str,
+) -> std::result::Result<Box<dyn Forest>, String> {
+    const ROWS: usize = 64;
+    let Some(mut native) = native else { return Ok(Box::new(framework)) };
+    let rows = probe(&native, ROWS);
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    native.predict(&rows, ROWS, &mut ours)?;
+    framework.predict(&rows, ROWS, &mut theirs)?;
+    if native.width() == framework.width() && native::agrees(&ours, &theirs) {
+        tracing::info!(model, "the forest is evaluated by ferry (it agrees with {name} on probe rows)");
+        return Ok(Box::new(native));
+    }
+    tracing::warn!(model, "ferry's evaluation of this forest differs from {name}'s; {name} runs it");
+    Ok(Box::new(framework))
 }
 
 /// The model's input and output as the config should declare them.

@@ -56,7 +56,7 @@ pub struct NativeForest {
     base: Vec<f32>,
     transform: Transform,
     objective: String,
-    margins: Vec<f32>,
+    threads: usize,
 }
 
 impl NativeForest {
@@ -84,7 +84,7 @@ impl NativeForest {
             base,
             transform,
             objective: objective.to_string(),
-            margins: Vec::new(),
+            threads: 1,
         })
     }
 
@@ -152,29 +152,99 @@ impl Forest for NativeForest {
 
     fn predict(&mut self, data: &[f32], rows: usize, out: &mut Vec<f32>) -> Result<(), String> {
         out.clear();
-        let mut margins = std::mem::take(&mut self.margins);
-        margins.resize(self.groups, 0.0);
-        for x in data.chunks_exact(self.features.max(1)).take(rows) {
-            self.row(x, &mut margins);
-            match self.transform {
-                Transform::Identity => out.extend_from_slice(&margins),
-                Transform::Sigmoid => out.extend(margins.iter().map(|&m| 1.0f32 / (1.0 + (-m).exp()))),
-                Transform::Softmax => {
-                    let top = margins.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                    let mut sum = 0.0f32;
-                    for m in &margins {
-                        sum += (m - top).exp();
-                    }
-                    out.extend(margins.iter().map(|&m| (m - top).exp() / sum));
+        let this = &*self;
+        over_threads(data, self.features, rows, self.threads, out, |part, out| {
+            let mut margins = vec![0.0; this.groups];
+            for x in part.chunks_exact(this.features.max(1)) {
+                this.row(x, &mut margins);
+                this.finish(&margins, out);
+            }
+        });
+        Ok(())
+    }
+}
+
+impl NativeForest {
+    /// The threads a large batch is split over (the instance's `cpu_nthread`).
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        self.threads = threads.max(1);
+        self
+    }
+
+    /// A row's predictions from its margins.
+    fn finish(&self, margins: &[f32], out: &mut Vec<f32>) {
+        match self.transform {
+            Transform::Identity => out.extend_from_slice(margins),
+            Transform::Sigmoid => out.extend(margins.iter().map(|&m| 1.0f32 / (1.0 + (-m).exp()))),
+            Transform::Softmax => {
+                let top = margins.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let mut sum = 0.0f32;
+                for m in margins {
+                    sum += (m - top).exp();
                 }
-                Transform::Argmax => {
-                    let best = margins.iter().enumerate().fold(0, |b, (i, &m)| if m > margins[b] { i } else { b });
-                    out.push(best as f32);
-                }
+                out.extend(margins.iter().map(|&m| (m - top).exp() / sum));
+            }
+            Transform::Argmax => {
+                let best = margins.iter().enumerate().fold(0, |b, (i, &m)| if m > margins[b] { i } else { b });
+                out.push(best as f32);
             }
         }
-        self.margins = margins;
-        Ok(())
+    }
+}
+
+/// Batches of at least this many rows are split over the instance's threads: a thread started
+/// for a batch costs tens of microseconds, and such a batch of a forest takes milliseconds.
+const PARALLEL_ROWS: usize = 512;
+
+/// The first `rows` rows of `data` (of `features` values each) predicted by `part`, which appends
+/// the values of each row it is given to its output; on up to `threads` threads when the batch
+/// is large enough to pay for them. The values come back in row order.
+pub fn over_threads(
+    data: &[f32],
+    features: usize,
+    rows: usize,
+    threads: usize,
+    out: &mut Vec<f32>,
+    part: impl Fn(&[f32], &mut Vec<f32>) + Sync,
+) {
+    let f = features.max(1);
+    let data = &data[..rows.saturating_mul(f).min(data.len())];
+    if threads < 2 || rows < PARALLEL_ROWS {
+        return part(data, out);
+    }
+    let per = rows.div_ceil(threads) * f;
+    let mut chunks = data.chunks(per);
+    let first = chunks.next().unwrap_or_default();
+    let rest: Vec<Vec<f32>> = std::thread::scope(|s| {
+        let part = &part;
+        // A thread the system will not start leaves its rows to this one.
+        let started: Vec<_> = chunks
+            .map(|chunk| {
+                std::thread::Builder::new()
+                    .name("ferry-forest".into())
+                    .spawn_scoped(s, move || {
+                        let mut o = Vec::new();
+                        part(chunk, &mut o);
+                        o
+                    })
+                    .map_err(|_| chunk)
+            })
+            .collect();
+        part(first, out);
+        started
+            .into_iter()
+            .map(|t| match t {
+                Ok(handle) => handle.join().unwrap_or_default(),
+                Err(chunk) => {
+                    let mut o = Vec::new();
+                    part(chunk, &mut o);
+                    o
+                }
+            })
+            .collect()
+    });
+    for r in rest {
+        out.extend(r);
     }
 }
 
@@ -244,6 +314,25 @@ mod tests {
         assert_eq!(f.base, vec![0.0]);
         assert!(NativeForest::new("rank:pairwise", 1, 1, &[0.5]).is_none());
         assert!(NativeForest::new("multi:softprob", 1, 3, &[0.1, 0.2]).is_none());
+    }
+
+    #[test]
+    fn a_large_batch_over_threads_keeps_its_rows_in_order() {
+        let rows = PARALLEL_ROWS * 2 + 7;
+        let data: Vec<f32> = (0..rows * 2).map(|k| k as f32).collect();
+        for threads in [1, 2, 3, 64] {
+            let mut out = Vec::new();
+            over_threads(&data, 2, rows, threads, &mut out, |part, out| {
+                out.extend(part.iter().step_by(2).map(|v| v / 2.0))
+            });
+            assert_eq!(out, (0..rows).map(|r| r as f32).collect::<Vec<_>>(), "{threads} threads");
+        }
+        let (mut one, mut two) = (Vec::new(), Vec::new());
+        let x: Vec<f32> = (0..rows * 2).map(|k| (k % 11) as f32 / 5.0 - 1.0).collect();
+        stump().predict(&x, rows, &mut one).unwrap();
+        stump().with_threads(2).predict(&x, rows, &mut two).unwrap();
+        assert_eq!(one.len(), rows);
+        assert_eq!(one, two);
     }
 
     #[test]
