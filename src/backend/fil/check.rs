@@ -555,8 +555,6 @@ fn categorical(t: &Tree) -> Result<usize, String> {
 #[derive(Debug)]
 pub struct LgbInfo {
     pub objective: String,
-    /// The forest as ferry evaluates it, when its objective is one ferry knows.
-    pub native: Option<super::lgb_native::LgbForest>,
     /// The model's text without `tree_sizes` (LightGBM then reads the trees one after another,
     /// where a bad tree is an error rather than an abort in its parallel reader).
     pub text: String,
@@ -661,11 +659,8 @@ pub fn lightgbm(bytes: Vec<u8>) -> Result<LgbInfo, String> {
     for (k, t) in trees.iter().enumerate() {
         lgb_tree(t, features as usize).map_err(|e| format!("tree {k}: {e}"))?;
     }
-    let line = get("objective").unwrap_or("");
-    let average = header_lines.iter().any(|l| l.trim() == "average_output");
-    let native = super::lgb_native::LgbForest::build(line, average, &trees, features as usize, classes as usize);
-    let objective = line.split_whitespace().next().unwrap_or("").to_string();
-    Ok(LgbInfo { objective, native, text: kept })
+    let objective = get("objective").unwrap_or("").split_whitespace().next().unwrap_or("").to_string();
+    Ok(LgbInfo { objective, text: kept })
 }
 
 fn lgb_tree(t: &std::collections::HashMap<&str, &str>, features: usize) -> Result<(), String> {

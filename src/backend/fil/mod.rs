@@ -1,8 +1,8 @@
 //! Tree models as Triton's FIL backend takes them (`backend: "fil"`): XGBoost (JSON, UBJSON) and
 //! LightGBM (text) forests, checked by ferry (`check`), then loaded by the framework's own
 //! predictor through its C API, loaded at run time like ONNX Runtime (`backend::library`). A common
-//! forest is then walked by ferry itself (`native`, `lgb_native`) once its answers on probe rows
-//! equal the framework's, else the framework runs it; Treelite checkpoints, read and evaluated by ferry as Treelite's
+//! XGBoost forest is then walked by ferry itself (`native`) once its answers on probe rows equal
+//! XGBoost's, else XGBoost runs it; Treelite checkpoints, read and evaluated by ferry as Treelite's
 //! reference predictor does (`treelite`). One input `input__0` (FP32, `[batch, features]`), one output
 //! `output__0`: class scores, class probabilities (`predict_proba`), or class ids
 //! (`output_class`, with `threshold` for binary models), as FIL gives them.
@@ -22,7 +22,6 @@ use crate::{
 };
 
 mod check;
-mod lgb_native;
 mod lightgbm;
 mod native;
 mod output;
@@ -111,7 +110,7 @@ impl FilBackend {
                     xgboost::Booster::load(self.xgboost()?, &bytes, path, &info, threads, gpu).map_err(named)?;
                 // On the CPU, ferry's own walk of a common forest, once it agrees with XGBoost.
                 let native = info.native.take().filter(|_| gpu.is_none()).map(|n| n.with_threads(threads));
-                own_walk(native, native::probe_rows, booster, "XGBoost", &config.name).map_err(named)
+                own_walk(native, booster, "XGBoost", &config.name).map_err(named)
             }
             ModelType::Lightgbm => {
                 if let Device::Gpu(_) = device {
@@ -120,10 +119,8 @@ impl FilBackend {
                         config.name
                     )));
                 }
-                let mut info = check::lightgbm(check::read(path).map_err(named)?).map_err(named)?;
-                let booster = lightgbm::Booster::load(self.lightgbm()?, &info, path, threads).map_err(named)?;
-                let native = info.native.take().map(|n| n.with_threads(threads));
-                own_walk(native, lgb_native::LgbForest::probe_rows, booster, "LightGBM", &config.name).map_err(named)
+                let info = check::lightgbm(check::read(path).map_err(named)?).map_err(named)?;
+                Ok(Box::new(lightgbm::Booster::load(self.lightgbm()?, &info, path, threads).map_err(named)?))
             }
             ModelType::TreeliteCheckpoint => {
                 if let Device::Gpu(_) = device {
@@ -140,19 +137,19 @@ impl FilBackend {
 
 /// ferry's own walk of a forest (`native`) in place of the framework's predictor, once the two
 /// agree on probe rows made from the forest's splits; else the framework's.
-fn own_walk<N: Forest + 'static, F: Forest + 'static>(
-    native: Option<N>,
-    probe: fn(&N, usize) -> Vec<f32>,
+fn own_walk<F: Forest + 'static>(
+    native: Option<native::NativeForest>,
     mut framework: F,
     name: &str,
     model: &str,
 ) -> std::result::Result<Box<dyn Forest>, String> {
-    const ROWS: usize = 64;
     let Some(mut native) = native else { return Ok(Box::new(framework)) };
-    let rows = probe(&native, ROWS);
+    // 64 rows, fewer for a very wide model (the probe's values stay within 16 MiB).
+    let rows = ((4usize << 20) / native.features().max(1)).clamp(4, 64);
+    let data = native::probe_rows(&native, rows);
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-    native.predict(&rows, ROWS, &mut ours)?;
-    framework.predict(&rows, ROWS, &mut theirs)?;
+    native.predict(&data, rows, &mut ours)?;
+    framework.predict(&data, rows, &mut theirs)?;
     if native.width() == framework.width() && native::agrees(&ours, &theirs) {
         tracing::info!(model, "the forest is evaluated by ferry (it agrees with {name} on probe rows)");
         return Ok(Box::new(native));

@@ -276,10 +276,13 @@ pub fn probe_rows(forest: &NativeForest, rows: usize) -> Vec<f32> {
     data
 }
 
-/// Whether two predictions agree within float32 rounding of the transforms.
+/// Whether two predictions agree within float32 rounding of the transforms: relative to the
+/// values, so that a forest whose outputs are all small is checked as closely as any other.
 pub fn agrees(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len()
-        && a.iter().zip(b).all(|(x, y)| (x - y).abs() <= 1e-6 + 1e-5 * y.abs() || (x.is_nan() && y.is_nan()))
+        && a.iter()
+            .zip(b)
+            .all(|(x, y)| x == y || (x - y).abs() <= 1e-5 * x.abs().max(y.abs()) || (x.is_nan() && y.is_nan()))
 }
 
 #[cfg(test)]
@@ -314,6 +317,14 @@ mod tests {
         assert_eq!(f.base, vec![0.0]);
         assert!(NativeForest::new("rank:pairwise", 1, 1, &[0.5]).is_none());
         assert!(NativeForest::new("multi:softprob", 1, 3, &[0.1, 0.2]).is_none());
+    }
+
+    #[test]
+    fn agreement_is_relative_to_the_values() {
+        assert!(agrees(&[1.0, 1e-7, f32::INFINITY, f32::NAN], &[1.000001, 1.000001e-7, f32::INFINITY, f32::NAN]));
+        assert!(!agrees(&[3e-7], &[5e-7]));
+        assert!(!agrees(&[1.0], &[1.001]));
+        assert!(!agrees(&[1.0], &[1.0, 2.0]));
     }
 
     #[test]
