@@ -122,6 +122,10 @@ def test_a_package_whose_batch_starts_at_two_takes_single_rows(server, expected)
         np.testing.assert_allclose(got, want[k:k + 1], rtol=1e-5, atol=1e-6)
     got = http_infer(server, "mlp_from2", {"ARGS[0]": x[:5]}).as_numpy("RESULT[0]")
     np.testing.assert_allclose(got, want[:5], rtol=1e-5, atol=1e-6)
+    # The load says so, and how to export a package that takes one row.
+    said = [line for line in server.log().splitlines() if "start its batch at 2 rows" in line]
+    assert any("mlp_from2" in line and "layout_optimization" in line for line in said), said
+    assert not any("mlp_aoti" in line for line in said), said
 
 
 def test_bf16_tensors_pass_both_ways(server, expected):

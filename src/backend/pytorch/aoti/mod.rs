@@ -149,6 +149,16 @@ impl Aoti {
         if !self.tried.lock().unwrap_or_else(|p| p.into_inner()).contains(&tried) {
             trial::run(prepared.path(), prepared.least_rows(), &torch.path, config).map_err(named)?;
             self.tried.lock().unwrap_or_else(|p| p.into_inner()).insert(tried);
+            if config.max_batch_size > 0 && prepared.least_rows() > 1 {
+                tracing::warn!(
+                    model = %config.name,
+                    least_rows = prepared.least_rows(),
+                    "this package's input checks start its batch at {} rows, so a smaller batch is padded to that and \
+                     computed whole; export it under torch.fx.experimental._config.patch(backed_size_oblivious=True), \
+                     and for convolutions with inductor_configs={{\"layout_optimization\": False}}, to take 1",
+                    prepared.least_rows()
+                );
+            }
         }
         let key = params.share_weights.then(|| share_key(spec.model_path, cpu_instances(config))).flatten();
         {
