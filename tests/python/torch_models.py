@@ -182,21 +182,13 @@ input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 1, 4 ] } ]
 output [ { name: "OUTPUT__0" data_type: TYPE_FP32 dims: [ 1, 4 ] } ]
 ''', {"model.pt": lambda p: torch.jit.script(Counter()).save(p)})
     # Integer division faults the process on INT64_MIN / -1: it runs in a process of its own.
-    write(repo, "intdiv", '''platform: "pytorch_libtorch"
+    for name, module, inputs in (("intdiv", IntDivide, 2), ("divmod", Divmod, 1), ("forked", Forked, 2)):
+        tensors = ", ".join(f'{{ name: "INPUT__{i}" data_type: TYPE_INT64 dims: [ 2 ] }}' for i in range(inputs))
+        write(repo, name, f'''platform: "pytorch_libtorch"
 max_batch_size: 0
-input [ { name: "INPUT__0" data_type: TYPE_INT64 dims: [ 2 ] }, { name: "INPUT__1" data_type: TYPE_INT64 dims: [ 2 ] } ]
-output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ 2 ] } ]
-''', {"model.pt": lambda p: torch.jit.script(IntDivide()).save(p)})
-    write(repo, "divmod", '''platform: "pytorch_libtorch"
-max_batch_size: 0
-input [ { name: "INPUT__0" data_type: TYPE_INT64 dims: [ 2 ] } ]
-output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ 2 ] } ]
-''', {"model.pt": lambda p: torch.jit.script(Divmod()).save(p)})
-    write(repo, "forked", '''platform: "pytorch_libtorch"
-max_batch_size: 0
-input [ { name: "INPUT__0" data_type: TYPE_INT64 dims: [ 2 ] }, { name: "INPUT__1" data_type: TYPE_INT64 dims: [ 2 ] } ]
-output [ { name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ 2 ] } ]
-''', {"model.pt": lambda p: torch.jit.script(Forked()).save(p)})
+input [ {tensors} ]
+output [ {{ name: "OUTPUT__0" data_type: TYPE_INT64 dims: [ 2 ] }} ]
+''', {"model.pt": lambda p, m=module: torch.jit.script(m()).save(p)})
     write(repo, "views", '''platform: "pytorch_libtorch"
 max_batch_size: 0
 input [ { name: "INPUT__0" data_type: TYPE_FP32 dims: [ 4 ] } ]
