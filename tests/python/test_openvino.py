@@ -307,6 +307,18 @@ def test_failures_stay_with_their_model(server):
         assert c.is_model_ready(name), (name, index.get(name))
 
 
+def test_bf16_advice_where_openvino_picks_bf16_without_amx(server):
+    """cnn_onnx names no precision: OpenVINO chooses, and on a CPU with AVX-512 BF16 but no AMX
+    (bf16 there can be slower than f32) the load says so. Models that name f32 never get it."""
+    flags = next((l.split(":", 1)[1].split() for l in open("/proc/cpuinfo") if l.startswith("flags")), [])
+    without_amx = "avx512_bf16" in flags and "amx_bf16" not in flags
+    advice = [l for l in server.log().splitlines() if "AVX-512 BF16 but no AMX" in l]
+    assert any("model=cnn_onnx" in l for l in advice) == without_amx, (flags, advice)
+    assert not any("model=cnn_ir" in l for l in advice), advice
+    if without_amx:
+        assert 'set the parameter INFERENCE_PRECISION_HINT to "f32"' in advice[0], advice
+
+
 def test_a_missing_library_fails_only_its_models(made):
     with Server(["--model-repository", made[0], "--exit-on-error=false", "--model-control-mode=explicit",
                  "--load-model=cnn_ir", "--backend-config=openvino,library=/nonexistent/libopenvino_c.so"]) as s:

@@ -248,6 +248,14 @@ impl Backend for OpenVinoBackend {
         let properties = params.properties(spec.intra_op_threads);
         if spec.index == 0 {
             tracing::info!(model = %config.name, device = %params.device, ?properties, "compiling with OpenVINO");
+            if params.bf16_without_amx(&cpu_flags()) {
+                tracing::info!(
+                    model = %config.name,
+                    "OpenVINO computes this model in bf16, its default on this CPU, which has AVX-512 BF16 but no AMX; \
+                     there bf16 can be slower than f32 (a ResNet-18: 0.6x) or faster (a small MLP at batch 1: 2.3x), \
+                     see bench/RESULTS.md; set the parameter INFERENCE_PRECISION_HINT to \"f32\" to compare"
+                );
+            }
         }
         let request = model.compile(&params.device, &properties).map_err(named)?.request().map_err(named)?;
         let mut io = io_of(&inputs, &outputs);
@@ -407,4 +415,13 @@ fn readable(path: &Path) -> std::result::Result<(), String> {
 /// Row-major dims of a config tensor as OpenVINO dimensions (-1: variable).
 fn dimensions(dims: &[i64]) -> Vec<Dimension> {
     dims.iter().map(|&d| if d < 0 { Dimension::DYNAMIC } else { Dimension::fixed(d) }).collect()
+}
+
+/// The CPU's feature flags (/proc/cpuinfo's first `flags` line; empty where there is none).
+fn cpu_flags() -> String {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    info.lines()
+        .find_map(|l| l.strip_prefix("flags"))
+        .and_then(|l| l.split_once(':'))
+        .map_or_else(String::new, |(_, f)| f.to_string())
 }

@@ -133,6 +133,14 @@ impl Params {
         }
         p
     }
+
+    /// Whether OpenVINO will choose bf16 by itself on a CPU whose bfloat16 is AVX-512's alone
+    /// (`cpu_flags`: /proc/cpuinfo's flags, such as AMD Zen 4's): OpenVINO's default there, and
+    /// measured both much slower than f32 (a CNN) and much faster (a small MLP) on one such CPU.
+    pub fn bf16_without_amx(&self, cpu_flags: &str) -> bool {
+        let has = |flag: &str| cpu_flags.split_ascii_whitespace().any(|f| f == flag);
+        self.precision.is_none() && self.device == "CPU" && has("avx512_bf16") && !has("amx_bf16")
+    }
 }
 
 #[cfg(test)]
@@ -199,5 +207,18 @@ mod tests {
         assert!(p.contains(&("INFERENCE_PRECISION_HINT".into(), "f32".into())));
         assert!(p.contains(&("NUM_STREAMS".into(), "AUTO".into())));
         assert!(p.contains(&("INFERENCE_NUM_THREADS".into(), "2".into())));
+    }
+
+    #[test]
+    fn bf16_without_amx_only_where_openvino_chooses_the_precision() {
+        let (zen4, spr, old) = ("fpu avx512f avx512_bf16 avx512_vnni", "avx512_bf16 amx_bf16 amx_tile", "avx2 avx512f");
+        let default = Params::of(&config(&[], 0)).unwrap();
+        assert!(default.bf16_without_amx(zen4));
+        assert!(!default.bf16_without_amx(spr));
+        assert!(!default.bf16_without_amx(old));
+        assert!(!default.bf16_without_amx("avx512_bf16x"));
+        for named in [("INFERENCE_PRECISION_HINT", "f32"), ("HINT_BF16", "YES"), ("TARGET_DEVICE", "GPU")] {
+            assert!(!Params::of(&config(&[named], 0)).unwrap().bf16_without_amx(zen4), "{named:?}");
+        }
     }
 }
