@@ -11,9 +11,15 @@ OpenVINO in FP32 (`INFERENCE_PRECISION_HINT: f32`), and OpenVINO at its default 
 on CPUs that have it). perf_analyzer over gRPC at c1 and c16, batch 1 per request, each beside the
 same file run in this process by the same runtime at the batch ferry formed. Writes the
 section "OpenVINO beside ONNX Runtime" of bench/RESULTS.md.
+
+With `--alternate ROUNDS`: cnn_small at c16 with its input in system shared memory (the client's
+600 KB per request taken off the shared cores), each run followed at once by the same file
+in-process at the batch formed, the runtimes in turn, ROUNDS times; and each runtime in-process at
+batch 1 and 8. Writes the section "OpenVINO beside ONNX Runtime: c16, alternated with in-process".
 """
 import datetime
 import os
+import statistics
 import sys
 
 import numpy as np
@@ -116,5 +122,62 @@ def main():
     print("\n".join(lines))
 
 
+def alternated(rounds):
+    repo, names = build()
+    cnns = [n for n in names if n.startswith("cnn_small")]
+    http_port, grpc_port = run.free_port(), run.free_port()
+    os.makedirs(run.WORK, exist_ok=True)
+    proc = run.start_server(repo, http_port, grpc_port, ["--allow-client-shm=true"])
+    base, rows = f"http://127.0.0.1:{http_port}", []
+    shm = ["--shared-memory=system", "--output-shared-memory-size=65536"]
+    try:
+        for k in range(rounds):
+            for name in cnns:
+                data = run.input_data(base, name)
+                before = run.stats(base, name)
+                r = run.perf(name, f"127.0.0.1:{grpc_port}", "grpc", 16, data, INTERVAL_MS, shm)
+                after = run.stats(base, name)
+                batch = (after[0] - before[0]) / max(after[1] - before[1], 1)
+                ceiling, call_ms = in_process(repo, name, batch, 5.0)
+                rows.append((k + 1, name, r, batch, ceiling, call_ms))
+                print(rows[-1], flush=True)
+    finally:
+        proc.terminate()
+        proc.wait()
+    flags = open("/proc/cpuinfo").read().split()
+    units = ", ".join(f for f in ("avx512_bf16", "amx_bf16") if f in flags) or "no bfloat16 units"
+    label = {"ort": "ONNX Runtime", "ov_f32": "OpenVINO f32", "ov_default": "OpenVINO default"}
+    lines = [
+        f"Commit `{run.commit_label()}`, {datetime.date.today()}, {os.cpu_count()} cores ({units}), OpenVINO "
+        f"{openvino.get_version().split('-')[0]}, cnn_small served by each runtime from the same ONNX file (one CPU "
+        f"instance, 2 threads, max queue delay 500 µs), perf_analyzer over gRPC at c16 with the input in system "
+        f"shared memory, {INTERVAL_MS / 1000:g} s windows; each run followed at once by the same file in-process "
+        f"at the batch formed (5 s); the runtimes in turn, {rounds} rounds.",
+        "",
+        "| round | runtime | infer/s | p50 ms | batch formed | in-process rows/s at that batch | share |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for k, name, r, batch, ceiling, _ in rows:
+        lines.append(f"| {k} | {label[name.split('_small_')[1]]} | {r['throughput']:.1f} | {r['p50']:.1f} | "
+                     f"{batch:.2f} | {ceiling:.1f} | {r['throughput'] / ceiling:.3f} |")
+    lines.append("")
+    for name in cnns:
+        shares = sorted(r["throughput"] / c for _, n, r, _, c, _ in rows if n == name)
+        lines.append(f"- {label[name.split('_small_')[1]]}: share {shares[0]:.2f}–{shares[-1]:.2f}, "
+                     f"median {statistics.median(shares):.3f}.")
+    lines += ["", "In-process, the same minutes (rows/s; one call's p50 in ms):", "",
+              "| model | runtime | batch 1 | batch 8 |", "|---|---|---|---|"]
+    for name in names:
+        cells = [in_process(repo, name, b) for b in (1, 8)]
+        lines.append(f"| {name.split('_small_')[0]}_small | {label[name.split('_small_')[1]]} | "
+                     + " | ".join(f"{tp:.0f} ({ms:.2f})" for tp, ms in cells) + " |")
+    run.replace_section(os.path.join(BENCH, "RESULTS.md"), "OpenVINO beside ONNX Runtime: c16, alternated with in-process",
+                        "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--alternate"]:
+        alternated(int(sys.argv[2]))
+    else:
+        main()

@@ -95,11 +95,11 @@ def stats(base, model):
     return s["inference_count"], s["execution_count"]
 
 
-def perf(model, url, protocol, concurrency, data, interval_ms):
+def perf(model, url, protocol, concurrency, data, interval_ms, extra=()):
     out = os.path.join(WORK, f"{model}-{protocol}-c{concurrency}.csv")
     cmd = [os.environ["PERF_ANALYZER"], "-m", model, "-u", url, "-i", protocol,
            f"--concurrency-range={concurrency}:{concurrency}", f"--measurement-interval={interval_ms}",
-           "--input-data", data, "--max-trials=10", "--stability-percentage=25", "-f", out]
+           "--input-data", data, "--max-trials=10", "--stability-percentage=25", "-f", out, *extra]
     run = subprocess.run(cmd, capture_output=True, text=True)
     if run.returncode != 0:
         print(run.stdout[-3000:], run.stderr[-3000:], file=sys.stderr)
