@@ -252,7 +252,7 @@ impl Backend for OpenVinoBackend {
                 tracing::info!(
                     model = %config.name,
                     "OpenVINO computes this model in bf16, its default on this CPU, which has AVX-512 BF16 but no AMX; \
-                     there bf16 can be slower than f32 (a ResNet-18: 0.6x) or faster (a small MLP at batch 1: 2.3x), \
+                     there bf16 can be slower than f32 (a ResNet-18: 0.6x) or faster (a small MLP at batch 1: 1.6-2.3x), \
                      see bench/RESULTS.md; set the parameter INFERENCE_PRECISION_HINT to \"f32\" to compare"
                 );
             }
