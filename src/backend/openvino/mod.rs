@@ -248,7 +248,7 @@ impl Backend for OpenVinoBackend {
         let properties = params.properties(spec.intra_op_threads);
         if spec.index == 0 {
             tracing::info!(model = %config.name, device = %params.device, ?properties, "compiling with OpenVINO");
-            if params.bf16_without_amx(&cpu_flags()) {
+            if params.bf16_without_amx(cpu_flags()) {
                 tracing::info!(
                     model = %config.name,
                     "OpenVINO computes this model in bf16, its default on this CPU, which has AVX-512 BF16 but no AMX; \
@@ -417,11 +417,12 @@ fn dimensions(dims: &[i64]) -> Vec<Dimension> {
     dims.iter().map(|&d| if d < 0 { Dimension::DYNAMIC } else { Dimension::fixed(d) }).collect()
 }
 
-/// The CPU's feature flags (/proc/cpuinfo's first `flags` line; empty where there is none).
-fn cpu_flags() -> String {
-    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    info.lines()
-        .find_map(|l| l.strip_prefix("flags"))
-        .and_then(|l| l.split_once(':'))
-        .map_or_else(String::new, |(_, f)| f.to_string())
+/// The CPU's feature flags (/proc/cpuinfo's first `flags` line, read once; empty where there is none).
+fn cpu_flags() -> &'static str {
+    static FLAGS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    FLAGS.get_or_init(|| {
+        let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        let line = info.lines().find_map(|l| l.strip_prefix("flags")).and_then(|l| l.split_once(':'));
+        line.map_or_else(String::new, |(_, f)| f.to_string())
+    })
 }
