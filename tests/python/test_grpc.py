@@ -94,6 +94,40 @@ def test_streaming_many_requests_in_flight(server):
     assert len(errors) == 1 and "missing required input(s) ['INPUT1']" in errors[0]
 
 
+def test_a_batchs_replies_leave_a_stream_in_request_order(tmp_path):
+    """Requests of one stream that run as one batch are answered in the order they were sent, as
+    Triton's are (its lifecycle test_batch_error reads a stream's replies by position)."""
+    from ferry_server import Server
+    models.identity(str(tmp_path), "batched", "FP32", config=False)
+    with open(tmp_path / "batched" / "config.pbtxt", "w") as f:
+        f.write("""max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 10000000 }
+""")
+    with Server(["--model-repository", str(tmp_path)]) as s:
+        client = s.grpc_client()
+        replies = queue.Queue()
+        client.start_stream(callback=lambda result, error: replies.put((result, error)))
+        rounds = 25
+        for r in range(rounds):
+            for k in range(4):
+                x = np.full((1, 3), 4 * r + k, dtype=np.float32)
+                client.async_stream_infer("batched", [grpcclient.InferInput("INPUT0", [1, 3], "FP32").set_data_from_numpy(x)],
+                                          request_id=str(4 * r + k))
+            order = []
+            for _ in range(4):
+                result, error = replies.get(timeout=30)
+                assert error is None, error
+                order.append(int(result.get_response().id))
+                assert result.as_numpy("OUTPUT0")[0, 0] == order[-1]
+            assert order == [4 * r + k for k in range(4)], (r, order)
+        client.stop_stream()
+        stats = client.get_inference_statistics("batched").model_stats[0]
+        # Every round ran as one batch of four (the 10 s delay never ran out).
+        assert (stats.inference_count, stats.execution_count) == (4 * rounds, rounds)
+
+
 def test_errors_carry_grpc_codes(server):
     client = server.grpc_client()
     a = np.zeros((1, 16), dtype=np.int32)

@@ -147,6 +147,64 @@ impl Grpc {
     }
 }
 
+impl Grpc {
+    /// One request of a stream: its reply, to go out (a decoupled model's responses are sent
+    /// as they come, and it gives none).
+    async fn stream_request(
+        self,
+        req: pb::ModelInferRequest,
+        meta: Meta,
+        ticket: Result<Arc<crate::admission::Ticket>, Error>,
+        grpc_errors: bool,
+        tx: StreamSender,
+    ) -> Option<StreamItem> {
+        let outcome = match ticket {
+            Err(e) => Err((e, failed_reply(&req))),
+            Ok(ticket) => {
+                let version = parse_version(&req.model_name, &req.model_version).ok().flatten();
+                if self.engine.decoupled(&req.model_name, version) {
+                    let run = self.stream_decoupled(req, meta, grpc_errors, &tx);
+                    crate::admission::scope(ticket, run).await;
+                    return None;
+                }
+                crate::admission::scope(ticket, self.stream_reply(req, meta)).await
+            }
+        };
+        // Errors travel in-band and the stream goes on, unless the client asked
+        // (triton_grpc_error) for the first one to end the stream with its status.
+        Some(match outcome {
+            Ok(resp) => Ok(resp),
+            Err((e, _)) if grpc_errors => Err(status(e)),
+            Err((e, failed)) => Ok(pb::ModelStreamInferResponse {
+                error_message: e.message().to_string(),
+                infer_response: Some(failed),
+            }),
+        })
+    }
+}
+
+/// `first`, and every other reply of `running` ready now, in the order their requests came
+/// (numbered as read): the replies of one batch are all ready once it ran, and whichever of
+/// them was polled first, they go out in the batch's order, as Triton sends them.
+async fn ready_together<F>(
+    first: Option<(u64, StreamItem)>,
+    running: &mut futures_util::stream::FuturesUnordered<F>,
+) -> Vec<StreamItem>
+where
+    F: std::future::Future<Output = Option<(u64, StreamItem)>>,
+{
+    use futures_util::StreamExt as _;
+    let mut ready: Vec<(u64, StreamItem)> = first.into_iter().collect();
+    // Polled with this task's own waker, so that one not ready yet still wakes it.
+    while let std::task::Poll::Ready(Some(done)) =
+        std::future::poll_fn(|cx| std::task::Poll::Ready(running.poll_next_unpin(cx))).await
+    {
+        ready.extend(done);
+    }
+    ready.sort_unstable_by_key(|(n, _)| *n);
+    ready.into_iter().map(|(_, item)| item).collect()
+}
+
 /// What identifies a request in its error reply on a stream.
 fn failed_reply(req: &pb::ModelInferRequest) -> pb::ModelInferResponse {
     pb::ModelInferResponse {
@@ -194,8 +252,10 @@ impl Grpc {
 }
 
 type InferStream = Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
+/// One message of a `ModelStreamInfer` stream.
+type StreamItem = Result<pb::ModelStreamInferResponse, Status>;
 /// A `ModelStreamInfer` stream's messages on their way out, each with what it holds charged.
-type StreamSender = mpsc::Sender<(Result<pb::ModelStreamInferResponse, Status>, Charge)>;
+type StreamSender = mpsc::Sender<(StreamItem, Charge)>;
 
 #[tonic::async_trait]
 impl service::GrpcInferenceService for Grpc {
@@ -261,72 +321,54 @@ impl service::GrpcInferenceService for Grpc {
     type ModelStreamInferStream = InferStream;
 
     /// Many requests in flight on one stream (at most --grpc-stream-max-inflight: the next
-    /// message is read only when one finishes); each gets one reply, in completion order.
+    /// message is read only when one finishes); each gets one reply, in completion order. One
+    /// task drives them all, so the replies of one batch go out in the batch's order, as
+    /// Triton's do.
     async fn model_stream_infer(&self, r: Request<Streaming<pb::ModelInferRequest>>) -> Reply<InferStream> {
-        let trace = self.meta(&r);
+        let meta = self.meta(&r);
         let grpc_errors =
             r.metadata().get("triton_grpc_error").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
         let stream_ticket = r.extensions().get::<RequestTicket>().map(|t| Arc::clone(&t.0));
         let mut inbound = r.into_inner();
         let (tx, rx) = mpsc::channel(self.stream_inflight);
-        let slots = Arc::new(tokio::sync::Semaphore::new(self.stream_inflight));
         let this = self.clone();
         tokio::spawn(async move {
             // Each request reaches its model's queue after the one sent before it.
             let mut line = crate::engine::ordering::Line::default();
-            loop {
-                let Ok(slot) = Arc::clone(&slots).acquire_owned().await else { break };
-                let next = tokio::select! {
-                    next = inbound.next() => next,
-                    () = tx.closed() => break,
-                };
-                let req = match next {
-                    None => break,
-                    Some(Ok(req)) => req,
-                    Some(Err(status)) => {
-                        let _ = tx.send((Err(status), Charge::default())).await;
-                        break;
-                    }
-                };
-                // The message's bytes move from the stream's ticket to a ticket of its own,
-                // given back when its reply is made.
-                if let Some(t) = &stream_ticket {
-                    t.release();
-                }
-                let ticket = this.engine.admission().admit(req.encoded_len() as u64).map(Arc::new);
-                let (this, tx, trace) = (this.clone(), tx.clone(), trace.clone());
-                let place = line.place();
-                tokio::spawn(place.run(async move {
-                    let _slot = slot;
-                    let outcome = match ticket {
-                        Err(e) => Err((e, failed_reply(&req))),
-                        Ok(ticket) => {
-                            let version = parse_version(&req.model_name, &req.model_version).ok().flatten();
-                            if this.engine.decoupled(&req.model_name, version) {
-                                let run = this.stream_decoupled(req, trace, grpc_errors, &tx);
-                                return crate::admission::scope(ticket, run).await;
-                            }
-                            // A client that leaves the stream cancels the request (dropped here:
-                            // out of the queue, or seen by the model as cancelled).
-                            let reply = crate::admission::scope(ticket, this.stream_reply(req, trace));
-                            tokio::select! {
-                                outcome = reply => outcome,
-                                () = tx.closed() => return,
+            let mut running = futures_util::stream::FuturesUnordered::new();
+            let (mut reading, mut sent) = (true, 0u64);
+            while reading || !running.is_empty() {
+                let room = reading && running.len() < this.stream_inflight;
+                // A client that leaves the stream cancels its requests (dropped with `running`:
+                // out of the queue, or seen by the model as cancelled).
+                tokio::select! {
+                    biased;
+                    () = tx.closed() => return,
+                    Some(first) = running.next(), if !running.is_empty() => {
+                        // The replies ready together (a batch's) go out in the order their
+                        // requests came, whichever was polled first.
+                        for item in ready_together(first, &mut running).await {
+                            if tx.send((item, Charge::default())).await.is_err() {
+                                return;
                             }
                         }
-                    };
-                    // Errors travel in-band and the stream goes on, unless the client asked
-                    // (triton_grpc_error) for the first one to end the stream with its status.
-                    let item = match outcome {
-                        Ok(resp) => Ok(resp),
-                        Err((e, _)) if grpc_errors => Err(status(e)),
-                        Err((e, failed)) => Ok(pb::ModelStreamInferResponse {
-                            error_message: e.message().to_string(),
-                            infer_response: Some(failed),
-                        }),
-                    };
-                    let _ = tx.send((item, Charge::default())).await;
-                }));
+                    }
+                    next = inbound.next(), if room => match next {
+                        None => reading = false,
+                        Some(Err(status)) => return drop(tx.send((Err(status), Charge::default())).await),
+                        Some(Ok(req)) => {
+                            // The message's bytes move from the stream's ticket to a ticket of
+                            // its own, given back when its reply is made.
+                            if let Some(t) = &stream_ticket {
+                                t.release();
+                            }
+                            let ticket = this.engine.admission().admit(req.encoded_len() as u64).map(Arc::new);
+                            let (n, one) = (sent, this.clone().stream_request(req, meta.clone(), ticket, grpc_errors, tx.clone()));
+                            sent += 1;
+                            running.push(line.place().run(async move { one.await.map(|item| (n, item)) }));
+                        }
+                    },
+                }
             }
         });
         // A message's charge ends when tonic takes it to encode and send.
