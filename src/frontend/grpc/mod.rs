@@ -1,17 +1,13 @@
 //! KServe v2 over gRPC (tonic): `inference.GRPCInferenceService` with every RPC and the
 //! `grpc.health.v1` health check. Each RPC translates into one engine call; errors carry the
 //! gRPC code of the one table in `error`.
-use std::{pin::Pin, sync::Arc};
+use std::sync::Arc;
 
-use tokio::sync::mpsc;
-use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
 use tonic::{Code, Request, Response, Status, Streaming, codec::CompressionEncoding};
-
-use prost::Message;
 
 use services::{health::health_server, inference::grpc_inference_service_server as service};
 
-use super::{guard::RequestTicket, net::Network};
+use super::net::Network;
 use crate::{
     engine::Engine,
     error::Error,
@@ -19,13 +15,14 @@ use crate::{
         health::{HealthCheckRequest, HealthCheckResponse, health_check_response::ServingStatus},
         inference as pb,
     },
-    request::{Charge, parse_version},
+    request::parse_version,
 };
 
 mod admin;
 pub mod convert;
 pub mod deadline;
 mod services;
+mod stream;
 
 fn status(e: Error) -> Status {
     Status::new(Code::from_i32(e.grpc_code()), e.message())
@@ -66,153 +63,6 @@ impl Grpc {
         request.parameters.extend(meta.forwarded?);
         Ok(convert::response(self.engine.infer(request).await?))
     }
-
-    /// One streamed reply: the response marked final; on failure the error with what identifies
-    /// the request.
-    async fn stream_reply(
-        &self,
-        req: pb::ModelInferRequest,
-        trace: Meta,
-    ) -> Result<pb::ModelStreamInferResponse, (Error, pb::ModelInferResponse)> {
-        let failed = failed_reply(&req);
-        match self.infer(req, trace).await {
-            Ok(mut resp) => {
-                let (k, v) = convert::final_flag();
-                resp.parameters.insert(k, v);
-                Ok(pb::ModelStreamInferResponse { error_message: String::new(), infer_response: Some(resp) })
-            }
-            Err(e) => Err((e, failed)),
-        }
-    }
-}
-
-impl Grpc {
-    /// A decoupled model's request on the stream: each of its responses is a stream message,
-    /// `triton_final_response` marking the last (an empty last one is sent only when the request
-    /// asked with `triton_enable_empty_final_response`).
-    async fn stream_decoupled(&self, req: pb::ModelInferRequest, meta: Meta, grpc_errors: bool, tx: &StreamSender) {
-        let failed = failed_reply(&req);
-        let empty_final = matches!(
-            req.parameters.get("triton_enable_empty_final_response").and_then(|p| p.parameter_choice.as_ref()),
-            Some(pb::infer_parameter::ParameterChoice::BoolParam(true))
-        );
-        let error = |e: Error| {
-            if grpc_errors {
-                Err(status(e))
-            } else {
-                Ok(pb::ModelStreamInferResponse {
-                    error_message: e.message().to_string(),
-                    infer_response: Some(failed.clone()),
-                })
-            }
-        };
-        let request = convert::request(req, self.engine.shm()).and_then(|mut r| {
-            r.trace_parent = meta.trace;
-            r.parameters.extend(meta.forwarded?);
-            Ok(r)
-        });
-        let mut responses = match request {
-            Ok(r) => match self.engine.infer_stream(r).await {
-                Ok(rx) => rx,
-                Err(e) => return drop(tx.send((error(e), Charge::default())).await),
-            },
-            Err(e) => return drop(tx.send((error(e), Charge::default())).await),
-        };
-        loop {
-            // A client that left ends the request here (the model sees it cancelled), even while
-            // the model sends nothing.
-            let item = tokio::select! {
-                item = responses.recv() => match item {
-                    Some(item) => item,
-                    None => return,
-                },
-                () = tx.closed() => return,
-            };
-            // The response stays charged until the connection takes its message.
-            let (msg, charge) = match item {
-                Ok(it) if it.last && it.response.outputs.is_empty() && !empty_final => continue,
-                Ok(it) => {
-                    let mut resp = convert::response(it.response);
-                    let (k, v) = convert::final_param(it.last);
-                    resp.parameters.insert(k, v);
-                    let msg = pb::ModelStreamInferResponse { error_message: String::new(), infer_response: Some(resp) };
-                    (Ok(msg), it.charge)
-                }
-                Err(e) => (error(e), Charge::default()),
-            };
-            if tx.send((msg, charge)).await.is_err() {
-                return;
-            }
-        }
-    }
-}
-
-impl Grpc {
-    /// One request of a stream: its reply, to go out (a decoupled model's responses are sent
-    /// as they come, and it gives none).
-    async fn stream_request(
-        self,
-        req: pb::ModelInferRequest,
-        meta: Meta,
-        ticket: Result<Arc<crate::admission::Ticket>, Error>,
-        grpc_errors: bool,
-        tx: StreamSender,
-    ) -> Option<StreamItem> {
-        let outcome = match ticket {
-            Err(e) => Err((e, failed_reply(&req))),
-            Ok(ticket) => {
-                let version = parse_version(&req.model_name, &req.model_version).ok().flatten();
-                if self.engine.decoupled(&req.model_name, version) {
-                    let run = self.stream_decoupled(req, meta, grpc_errors, &tx);
-                    crate::admission::scope(ticket, run).await;
-                    return None;
-                }
-                crate::admission::scope(ticket, self.stream_reply(req, meta)).await
-            }
-        };
-        // Errors travel in-band and the stream goes on, unless the client asked
-        // (triton_grpc_error) for the first one to end the stream with its status.
-        Some(match outcome {
-            Ok(resp) => Ok(resp),
-            Err((e, _)) if grpc_errors => Err(status(e)),
-            Err((e, failed)) => Ok(pb::ModelStreamInferResponse {
-                error_message: e.message().to_string(),
-                infer_response: Some(failed),
-            }),
-        })
-    }
-}
-
-/// `first`, and every other reply of `running` ready now, in the order their requests came
-/// (numbered as read): the replies of one batch are all ready once it ran, and whichever of
-/// them was polled first, they go out in the batch's order, as Triton sends them.
-async fn ready_together<F>(
-    first: Option<(u64, StreamItem)>,
-    running: &mut futures_util::stream::FuturesUnordered<F>,
-) -> Vec<StreamItem>
-where
-    F: std::future::Future<Output = Option<(u64, StreamItem)>>,
-{
-    use futures_util::StreamExt as _;
-    let mut ready: Vec<(u64, StreamItem)> = first.into_iter().collect();
-    // Polled with this task's own waker, so that one not ready yet still wakes it.
-    while let std::task::Poll::Ready(Some(done)) =
-        std::future::poll_fn(|cx| std::task::Poll::Ready(running.poll_next_unpin(cx))).await
-    {
-        ready.extend(done);
-    }
-    ready.sort_unstable_by_key(|(n, _)| *n);
-    ready.into_iter().map(|(_, item)| item).collect()
-}
-
-/// What identifies a request in its error reply on a stream.
-fn failed_reply(req: &pb::ModelInferRequest) -> pb::ModelInferResponse {
-    pb::ModelInferResponse {
-        id: req.id.clone(),
-        model_name: req.model_name.clone(),
-        model_version: req.model_version.clone(),
-        ..Default::default()
-    }
 }
 
 /// What a request's metadata gives the engine: the caller's W3C trace context and the
@@ -251,11 +101,7 @@ impl Grpc {
     }
 }
 
-type InferStream = Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
-/// One message of a `ModelStreamInfer` stream.
-type StreamItem = Result<pb::ModelStreamInferResponse, Status>;
-/// A `ModelStreamInfer` stream's messages on their way out, each with what it holds charged.
-type StreamSender = mpsc::Sender<(StreamItem, Charge)>;
+use stream::InferStream;
 
 #[tonic::async_trait]
 impl service::GrpcInferenceService for Grpc {
@@ -320,60 +166,9 @@ impl service::GrpcInferenceService for Grpc {
 
     type ModelStreamInferStream = InferStream;
 
-    /// Many requests in flight on one stream (at most --grpc-stream-max-inflight: the next
-    /// message is read only when one finishes); each gets one reply, in completion order. One
-    /// task drives them all, so the replies of one batch go out in the batch's order, as
-    /// Triton's do.
+    /// Many requests in flight on one stream; see `stream`.
     async fn model_stream_infer(&self, r: Request<Streaming<pb::ModelInferRequest>>) -> Reply<InferStream> {
-        let meta = self.meta(&r);
-        let grpc_errors =
-            r.metadata().get("triton_grpc_error").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
-        let stream_ticket = r.extensions().get::<RequestTicket>().map(|t| Arc::clone(&t.0));
-        let mut inbound = r.into_inner();
-        let (tx, rx) = mpsc::channel(self.stream_inflight);
-        let this = self.clone();
-        tokio::spawn(async move {
-            // Each request reaches its model's queue after the one sent before it.
-            let mut line = crate::engine::ordering::Line::default();
-            let mut running = futures_util::stream::FuturesUnordered::new();
-            let (mut reading, mut sent) = (true, 0u64);
-            while reading || !running.is_empty() {
-                let room = reading && running.len() < this.stream_inflight;
-                // A client that leaves the stream cancels its requests (dropped with `running`:
-                // out of the queue, or seen by the model as cancelled).
-                tokio::select! {
-                    biased;
-                    () = tx.closed() => return,
-                    Some(first) = running.next(), if !running.is_empty() => {
-                        // The replies ready together (a batch's) go out in the order their
-                        // requests came, whichever was polled first.
-                        for item in ready_together(first, &mut running).await {
-                            if tx.send((item, Charge::default())).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                    next = inbound.next(), if room => match next {
-                        None => reading = false,
-                        Some(Err(status)) => return drop(tx.send((Err(status), Charge::default())).await),
-                        Some(Ok(req)) => {
-                            // The message's bytes move from the stream's ticket to a ticket of
-                            // its own, given back when its reply is made.
-                            if let Some(t) = &stream_ticket {
-                                t.release();
-                            }
-                            let ticket = this.engine.admission().admit(req.encoded_len() as u64).map(Arc::new);
-                            let (n, one) = (sent, this.clone().stream_request(req, meta.clone(), ticket, grpc_errors, tx.clone()));
-                            sent += 1;
-                            running.push(line.place().run(async move { one.await.map(|item| (n, item)) }));
-                        }
-                    },
-                }
-            }
-        });
-        // A message's charge ends when tonic takes it to encode and send.
-        let messages = ReceiverStream::new(rx).map(|(msg, _charge): (_, Charge)| msg);
-        Ok(Response::new(Box::pin(messages) as InferStream))
+        Ok(Response::new(self.open_stream(r)))
     }
 
     async fn model_config(&self, r: Request<pb::ModelConfigRequest>) -> Reply<pb::ModelConfigResponse> {
