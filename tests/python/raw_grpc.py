@@ -7,6 +7,7 @@ import urllib.parse
 import h2.config
 import h2.connection
 import h2.events
+import h2.settings
 
 
 def call(port, method, message, headers=(), timeout=30):
@@ -39,3 +40,24 @@ def call(port, method, message, headers=(), timeout=30):
     finally:
         sock.close()
     raise ConnectionError("the server closed the connection before the call ended")
+
+
+def unread_stream(port, messages, window=1):
+    """Opens a `ModelStreamInfer` stream, sends `messages` (serialized requests, up to 64 KiB in
+    all: the server's first window) on it and never reads a reply: a window of `window` bytes
+    keeps the server from sending more. Returns the socket; the stream lives until it closes."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
+    conn.local_settings = h2.settings.Settings(client=True, initial_values={
+        h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window, h2.settings.SettingCodes.ENABLE_PUSH: 0})
+    conn.initiate_connection()
+    stream = conn.get_next_available_stream_id()
+    conn.send_headers(stream, [(":method", "POST"), (":scheme", "http"),
+                               (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
+                               (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"),
+                               ("te", "trailers")])
+    framed = b"".join(b"\x00" + struct.pack(">I", len(m)) + m for m in messages)
+    for at in range(0, len(framed), 16384):
+        conn.send_data(stream, framed[at:at + 16384])
+    sock.sendall(conn.data_to_send())
+    return sock

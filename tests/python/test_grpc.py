@@ -1,5 +1,6 @@
 """KServe v2 over gRPC with the official tritonclient.grpc: every RPC, unary and streaming."""
 import queue
+import time
 
 import grpc
 import numpy as np
@@ -126,6 +127,44 @@ dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100
         stats = client.get_inference_statistics("batched").model_stats[0]
         # Every round ran as one batch of four (the 10 s delay never ran out).
         assert (stats.inference_count, stats.execution_count) == (4 * rounds, rounds)
+
+
+def test_a_stream_nobody_reads_holds_no_other_clients_work(tmp_path):
+    """A client that stops reading its stream keeps its replies waiting, and nothing else: its
+    requests still finish in the server. Here its request leads a response-cache miss; another
+    client's identical request waits for that request to fill the cache, and is answered."""
+    import raw_grpc
+    from ferry_server import Server
+    for name, extra in (("cached", "dynamic_batching { max_queue_delay_microseconds: 300000 }\nresponse_cache { enable: true }"),
+                        ("fast", "")):
+        models.identity(str(tmp_path), name, "FP32", config=False)
+        with open(tmp_path / name / "config.pbtxt", "w") as f:
+            f.write(f"""max_batch_size: 8
+input [ {{ name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] }} ]
+{extra}
+""")
+
+    def request(model, x, rid):
+        req = service_pb2.ModelInferRequest(model_name=model, id=rid)
+        t = req.inputs.add(name="INPUT0", datatype="FP32")
+        t.shape.extend(x.shape)
+        req.raw_input_contents.append(x.tobytes())
+        return req.SerializeToString()
+
+    x = np.arange(8, dtype=np.float32).reshape(1, 8)
+    fillers = [request("fast", np.zeros((1, 1024), np.float32), f"f{i}") for i in range(12)]
+    with Server(["--model-repository", str(tmp_path), "--grpc-stream-max-inflight", "4",
+                 "--cache-config", "local,size=1048576"]) as s:
+        unread = raw_grpc.unread_stream(s.grpc_port, [request("cached", x, "A"), *fillers])
+        try:
+            time.sleep(1.0)  # A's request has run (300 ms in the batcher); its replies wait
+            r = infer(s.grpc_client(), "cached", {"INPUT0": ("FP32", x)}, client_timeout=10)
+            np.testing.assert_array_equal(r.as_numpy("OUTPUT0"), x)
+            stats = s.grpc_client().get_inference_statistics("cached").model_stats[0].inference_stats
+            assert (stats.cache_miss.count, stats.cache_hit.count) == (1, 1), stats
+        finally:
+            unread.close()
 
 
 def test_errors_carry_grpc_codes(server):

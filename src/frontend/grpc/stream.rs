@@ -2,7 +2,9 @@
 //! --grpc-stream-max-inflight: the next message is read only when one finishes). One task drives
 //! them all; each gets one reply (a decoupled model's request, its responses), in completion
 //! order, and the replies of one batch in the batch's order, as Triton sends them.
-use std::{pin::Pin, sync::Arc};
+use std::{collections::VecDeque, panic::AssertUnwindSafe, pin::Pin, sync::Arc};
+
+use futures_util::FutureExt as _;
 
 use prost::Message;
 use tokio::sync::mpsc;
@@ -37,26 +39,39 @@ impl Grpc {
             // Each request reaches its model's queue after the one sent before it.
             let mut line = crate::engine::ordering::Line::default();
             let mut running = futures_util::stream::FuturesUnordered::new();
+            // Replies made and not yet taken by the connection. The requests in flight keep
+            // being polled meanwhile, so a client that stops reading holds only its replies:
+            // the requests' own work (sequence slots, the cache, their tickets) ends as ever.
+            let mut out: VecDeque<StreamItem> = VecDeque::new();
             let (mut reading, mut sent) = (true, 0u64);
-            while reading || !running.is_empty() {
-                let room = reading && running.len() < this.stream_inflight;
+            while reading || !running.is_empty() || !out.is_empty() {
+                let room = reading && running.len() + out.len() < this.stream_inflight;
                 // A client that leaves the stream cancels its requests (dropped with `running`:
                 // out of the queue, or seen by the model as cancelled).
                 tokio::select! {
                     biased;
                     () = tx.closed() => return,
-                    Some(first) = running.next(), if !running.is_empty() => {
-                        // The replies ready together (a batch's) go out in the order their
-                        // requests came, whichever was polled first.
-                        for item in ready_together(first, &mut running).await {
-                            if tx.send((item, Charge::default())).await.is_err() {
-                                return;
-                            }
+                    permit = tx.reserve(), if !out.is_empty() => {
+                        let (Ok(permit), Some(item)) = (permit, out.pop_front()) else { return };
+                        let ends = item.is_err();
+                        permit.send((item, Charge::default()));
+                        if ends {
+                            // An error status ends the gRPC stream: what is still running is
+                            // cancelled.
+                            return;
                         }
+                    }
+                    // The replies ready together (a batch's) go out in the order their requests
+                    // came, whichever was polled first.
+                    Some(first) = running.next(), if !running.is_empty() => {
+                        out.extend(ready_together(first, &mut running).await);
                     }
                     next = inbound.next(), if room => match next {
                         None => reading = false,
-                        Some(Err(status)) => return drop(tx.send((Err(status), Charge::default())).await),
+                        Some(Err(status)) => {
+                            reading = false;
+                            out.push_back(Err(status));
+                        }
                         Some(Ok(req)) => {
                             // The message's bytes move from the stream's ticket to a ticket of
                             // its own, given back when its reply is made.
@@ -64,10 +79,10 @@ impl Grpc {
                                 t.release();
                             }
                             let ticket = this.engine.admission().admit(req.encoded_len() as u64).map(Arc::new);
-                            let one = this.clone().stream_request(req, meta.clone(), ticket, grpc_errors, tx.clone());
                             let n = sent;
                             sent += 1;
-                            running.push(line.place().run(async move { one.await.map(|item| (n, item)) }));
+                            let one = this.clone().stream_one(n, req, meta.clone(), ticket, grpc_errors, tx.clone());
+                            running.push(line.place().run(one));
                         }
                     },
                 }
@@ -107,16 +122,7 @@ impl Grpc {
             req.parameters.get("triton_enable_empty_final_response").and_then(|p| p.parameter_choice.as_ref()),
             Some(pb::infer_parameter::ParameterChoice::BoolParam(true))
         );
-        let error = |e: Error| {
-            if grpc_errors {
-                Err(status(e))
-            } else {
-                Ok(pb::ModelStreamInferResponse {
-                    error_message: e.message().to_string(),
-                    infer_response: Some(failed.clone()),
-                })
-            }
-        };
+        let error = |e: Error| error_item(e, failed.clone(), grpc_errors);
         let request = convert::request(req, self.engine.shm()).and_then(|mut r| {
             r.trace_parent = meta.trace;
             r.parameters.extend(meta.forwarded?);
@@ -159,6 +165,26 @@ impl Grpc {
 }
 
 impl Grpc {
+    /// Request `n` of a stream (numbered as read), to its reply. One that panics is answered
+    /// with an error; the stream and its other requests go on.
+    async fn stream_one(
+        self,
+        n: u64,
+        req: pb::ModelInferRequest,
+        meta: Meta,
+        ticket: Result<Arc<crate::admission::Ticket>, Error>,
+        grpc_errors: bool,
+        tx: StreamSender,
+    ) -> Option<(u64, StreamItem)> {
+        let failed = failed_reply(&req);
+        let run = AssertUnwindSafe(self.stream_request(req, meta, ticket, grpc_errors, tx)).catch_unwind();
+        let reply = run.await.unwrap_or_else(|_| {
+            let e = Error::internal("the request failed unexpectedly (a panic; see the server log)");
+            Some(error_item(e, failed, grpc_errors))
+        });
+        reply.map(|item| (n, item))
+    }
+
     /// One request of a stream: its reply, to go out (a decoupled model's responses are sent
     /// as they come, and it gives none).
     async fn stream_request(
@@ -181,16 +207,7 @@ impl Grpc {
                 crate::admission::scope(ticket, self.stream_reply(req, meta)).await
             }
         };
-        // Errors travel in-band and the stream goes on, unless the client asked
-        // (triton_grpc_error) for the first one to end the stream with its status.
-        Some(match outcome {
-            Ok(resp) => Ok(resp),
-            Err((e, _)) if grpc_errors => Err(status(e)),
-            Err((e, failed)) => Ok(pb::ModelStreamInferResponse {
-                error_message: e.message().to_string(),
-                infer_response: Some(failed),
-            }),
-        })
+        Some(outcome.map_or_else(|(e, failed)| error_item(e, failed, grpc_errors), Ok))
     }
 }
 
@@ -214,6 +231,16 @@ where
     }
     ready.sort_unstable_by_key(|(n, _)| *n);
     ready.into_iter().map(|(_, item)| item).collect()
+}
+
+/// A request's error on the stream: in-band and the stream goes on, unless the client asked
+/// (triton_grpc_error) for the first one to end the stream with its status.
+fn error_item(e: Error, failed: pb::ModelInferResponse, grpc_errors: bool) -> StreamItem {
+    if grpc_errors {
+        Err(status(e))
+    } else {
+        Ok(pb::ModelStreamInferResponse { error_message: e.message().to_string(), infer_response: Some(failed) })
+    }
 }
 
 /// What identifies a request in its error reply on a stream.
