@@ -4,7 +4,7 @@
 //! order, and the replies of one batch in the batch's order, as Triton sends them.
 use std::{collections::VecDeque, panic::AssertUnwindSafe, pin::Pin, sync::Arc};
 
-use futures_util::FutureExt as _;
+use futures_util::{FutureExt as _, stream::FuturesUnordered};
 
 use prost::Message;
 use tokio::sync::mpsc;
@@ -38,14 +38,19 @@ impl Grpc {
         tokio::spawn(async move {
             // Each request reaches its model's queue after the one sent before it.
             let mut line = crate::engine::ordering::Line::default();
-            let mut running = futures_util::stream::FuturesUnordered::new();
+            // Requests with one reply each, and decoupled models' requests (which send their
+            // own responses, under tokio's budget: they may stream for long).
+            let (mut running, mut streaming) = (FuturesUnordered::new(), FuturesUnordered::new());
             // Replies made and not yet taken by the connection. The requests in flight keep
             // being polled meanwhile, so a client that stops reading holds only its replies:
             // the requests' own work (sequence slots, the cache, their tickets) ends as ever.
             let mut out: VecDeque<StreamItem> = VecDeque::new();
             let (mut reading, mut sent) = (true, 0u64);
-            while reading || !running.is_empty() || !out.is_empty() {
-                let room = reading && running.len() + out.len() < this.stream_inflight;
+            while reading || !running.is_empty() || !streaming.is_empty() || !out.is_empty() {
+                // Requests in flight and replies held here stay within --grpc-stream-max-inflight
+                // (the channel to the connection holds as many again).
+                let held = running.len() + streaming.len() + out.len();
+                let room = reading && held < this.stream_inflight;
                 // A client that leaves the stream cancels its requests (dropped with `running`:
                 // out of the queue, or seen by the model as cancelled).
                 tokio::select! {
@@ -63,8 +68,14 @@ impl Grpc {
                     }
                     // The replies ready together (a batch's) go out in the order their requests
                     // came, whichever was polled first.
-                    Some(first) = running.next(), if !running.is_empty() => {
+                    // Polled outside tokio's budget: a reply ready but refused a poll by the
+                    // budget would come back after later ones.
+                    Some(first) = tokio::task::unconstrained(running.next()), if !running.is_empty() => {
                         out.extend(ready_together(first, &mut running).await);
+                    }
+                    Some(done) = streaming.next(), if !streaming.is_empty() => {
+                        let done: Option<(u64, StreamItem)> = done;
+                        out.extend(done.map(|(_, item)| item));
                     }
                     next = inbound.next(), if room => match next {
                         None => reading = false,
@@ -79,10 +90,13 @@ impl Grpc {
                                 t.release();
                             }
                             let ticket = this.engine.admission().admit(req.encoded_len() as u64).map(Arc::new);
+                            let version = parse_version(&req.model_name, &req.model_version).ok().flatten();
+                            let decoupled = ticket.is_ok() && this.engine.decoupled(&req.model_name, version);
                             let n = sent;
                             sent += 1;
                             let one = this.clone().stream_one(n, req, meta.clone(), ticket, grpc_errors, tx.clone());
-                            running.push(line.place().run(one));
+                            let one = line.place().run(one);
+                            if decoupled { streaming.push(one) } else { running.push(one) }
                         }
                     },
                 }
@@ -214,10 +228,7 @@ impl Grpc {
 /// `first`, and every other reply of `running` ready now, in the order their requests came
 /// (numbered as read): the replies of one batch are all ready once it ran, and whichever of
 /// them was polled first, they go out in the batch's order, as Triton sends them.
-async fn ready_together<F>(
-    first: Option<(u64, StreamItem)>,
-    running: &mut futures_util::stream::FuturesUnordered<F>,
-) -> Vec<StreamItem>
+async fn ready_together<F>(first: Option<(u64, StreamItem)>, running: &mut FuturesUnordered<F>) -> Vec<StreamItem>
 where
     F: std::future::Future<Output = Option<(u64, StreamItem)>>,
 {
@@ -225,7 +236,7 @@ where
     let mut ready: Vec<(u64, StreamItem)> = first.into_iter().collect();
     // Polled with this task's own waker, so that one not ready yet still wakes it.
     while let std::task::Poll::Ready(Some(done)) =
-        std::future::poll_fn(|cx| std::task::Poll::Ready(running.poll_next_unpin(cx))).await
+        tokio::task::unconstrained(std::future::poll_fn(|cx| std::task::Poll::Ready(running.poll_next_unpin(cx)))).await
     {
         ready.extend(done);
     }
