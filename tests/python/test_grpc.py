@@ -105,6 +105,7 @@ def test_a_batchs_replies_leave_a_stream_in_request_order(tmp_path):
 input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
 dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 10000000 }
+instance_group [ { count: 1 kind: KIND_CPU } ]
 """)
     with Server(["--model-repository", str(tmp_path)]) as s:
         client = s.grpc_client()
@@ -127,6 +128,21 @@ dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100
         stats = client.get_inference_statistics("batched").model_stats[0]
         # Every round ran as one batch of four (the 10 s delay never ran out).
         assert (stats.inference_count, stats.execution_count) == (4 * rounds, rounds)
+        # 400 at once on one stream: the one instance runs their batches one after the other, and
+        # the replies leave in the order sent (tokio's budget once sent some late).
+        replies = queue.Queue()
+        client.start_stream(callback=lambda result, error: replies.put((result, error)))
+        for k in range(400):
+            x = np.full((1, 3), k, dtype=np.float32)
+            client.async_stream_infer("batched", [grpcclient.InferInput("INPUT0", [1, 3], "FP32").set_data_from_numpy(x)],
+                                      request_id=str(k))
+        order = []
+        for _ in range(400):
+            result, error = replies.get(timeout=60)
+            assert error is None, error
+            order.append(int(result.get_response().id))
+        client.stop_stream()
+        assert order == list(range(400)), [(i, k) for i, k in enumerate(order) if i != k][:8]
 
 
 def test_a_stream_nobody_reads_holds_no_other_clients_work(tmp_path):
