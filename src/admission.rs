@@ -148,6 +148,14 @@ impl Ticket {
         Ok(())
     }
 
+    /// Takes `n` more bytes even past the budget: memory already spent that must be kept for a
+    /// while (a reply waiting for a slow client). The requests that come after are refused until
+    /// it is given back.
+    pub fn hold(&self, n: u64) {
+        self.admission.used.fetch_add(n, Ordering::AcqRel);
+        self.bytes.fetch_add(n, Ordering::AcqRel);
+    }
+
     /// Gives `n` of its bytes back (what it held for a while: a stream's waiting responses).
     pub fn shrink(&self, n: u64) {
         let mut held = self.bytes.load(Ordering::Acquire);
@@ -212,6 +220,18 @@ mod tests {
         assert!(a.admit(101).is_err());
         drop(t2);
         assert_eq!(a.counts().live, 0);
+    }
+
+    #[test]
+    fn bytes_held_count_past_the_budget_and_refuse_what_comes_after() {
+        let a = Admission::new(100);
+        let held = a.ticket();
+        held.hold(150);
+        assert_eq!(a.counts().used, 150);
+        assert_eq!(a.admit(1).err().map(|e| e.kind()), Some(ErrorKind::Overloaded));
+        drop(held);
+        assert_eq!((a.counts().used, a.counts().live), (0, 0));
+        assert!(a.admit(100).is_ok());
     }
 
     #[tokio::test]

@@ -171,6 +171,14 @@ impl Charge {
         self.bytes
     }
 
+    /// `n` bytes already made (a reply waiting for its connection), on a ticket of their own,
+    /// counted even past the budget: what comes after is refused until they are given back.
+    pub fn held(admission: &Arc<crate::admission::Admission>, n: u64) -> Charge {
+        let ticket = admission.ticket();
+        ticket.hold(n);
+        Charge { ticket: Some(Arc::new(ticket)), bytes: n }
+    }
+
     /// A separate charge of `n` bytes on the same ticket (a while's work on what this holds).
     pub fn more(&self, n: u64) -> crate::error::Result<Charge> {
         let mut c = Charge { ticket: self.ticket.clone(), bytes: 0 };

@@ -502,6 +502,53 @@ def test_a_stream_whose_client_does_not_read_is_bounded(tmp_path):
         assert s.client().is_server_live()
 
 
+def test_grpc_stream_replies_a_client_does_not_read_count_against_the_budget(tmp_path):
+    """Replies made for a gRPC stream and waiting for its client are charged to admission until
+    the connection takes them: a client that reads nothing makes the server refuse work it has
+    no memory for, and its replies are given back when it leaves."""
+    import tritonclient.utils.shared_memory as shm
+    models.identity(str(tmp_path), "fast", "FP32", config=False)
+    (tmp_path / "fast" / "config.pbtxt").write_text("""max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+""")
+    size = 256 << 10  # each reply: 256 KiB, from a request of a few dozen bytes (its input in shared memory)
+
+    def request(i):
+        req = service_pb2.ModelInferRequest(model_name="fast", id=str(i))
+        t = req.inputs.add(name="INPUT0", datatype="FP32")
+        t.shape.extend([1, size // 4])
+        t.parameters["shared_memory_region"].string_param = "in"
+        t.parameters["shared_memory_byte_size"].int64_param = size
+        return req.SerializeToString()
+
+    key = f"/ferry_held_{os.getpid()}"
+    region = shm.create_shared_memory_region("in", key, size)
+    try:
+        shm.set_shared_memory_region(region, [np.ones((1, size // 4), np.float32)])
+        with Server(["--model-repository", str(tmp_path), "--allow-client-shm", "--grpc-stream-max-inflight", "4",
+                     "--max-inflight-request-bytes", str(3 << 20)]) as s:
+            s.grpc_client().register_system_shared_memory("in", key, size)
+            big = np.zeros((1, (2 << 20) // 4), np.float32)
+            unread = raw_grpc.unread_stream(s.grpc_port, [request(i) for i in range(16)])
+            try:
+                # Up to 4 replies wait in the stream, 4 more on their way to the connection.
+                wait_for(lambda: metric(s, "ferry_inflight_request_bytes") >= 4 * size, "the replies are held")
+                inp = grpcclient.InferInput("INPUT0", list(big.shape), "FP32")
+                inp.set_data_from_numpy(big)
+                with pytest.raises(InferenceServerException) as err:
+                    s.grpc_client().infer("fast", [inp])
+                assert err.value.status() == "StatusCode.RESOURCE_EXHAUSTED", err.value
+                assert "--max-inflight-request-bytes" in err.value.message()
+            finally:
+                unread.close()
+            wait_for(lambda: metric(s, "ferry_inflight_request_bytes") == 0, "the held replies are given back")
+            out = s.grpc_client().infer("fast", [inp]).as_numpy("OUTPUT0")
+            np.testing.assert_array_equal(out, big)
+    finally:
+        shm.destroy_shared_memory_region(region)
+
+
 # Sends, per request, the response that MODE names: one the config allows, then a bad one.
 ROGUE = '''
 import numpy as np

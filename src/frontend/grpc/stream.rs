@@ -22,8 +22,11 @@ use crate::{
 pub(super) type InferStream = Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
 /// One message of a `ModelStreamInfer` stream.
 type StreamItem = Result<pb::ModelStreamInferResponse, Status>;
-/// A `ModelStreamInfer` stream's messages on their way out, each with what it holds charged.
-type StreamSender = mpsc::Sender<(StreamItem, Charge)>;
+/// A message on its way out, with the bytes it holds charged to admission until the connection
+/// takes it.
+type Reply = (StreamItem, Charge);
+/// A `ModelStreamInfer` stream's messages on their way out.
+type StreamSender = mpsc::Sender<Reply>;
 
 impl Grpc {
     /// The stream's replies, as the requests that `r` brings are answered.
@@ -41,10 +44,11 @@ impl Grpc {
             // Requests with one reply each, and decoupled models' requests (which send their
             // own responses, under tokio's budget: they may stream for long).
             let (mut running, mut streaming) = (FuturesUnordered::new(), FuturesUnordered::new());
-            // Replies made and not yet taken by the connection. The requests in flight keep
-            // being polled meanwhile, so a client that stops reading holds only its replies:
-            // the requests' own work (sequence slots, the cache, their tickets) ends as ever.
-            let mut out: VecDeque<StreamItem> = VecDeque::new();
+            // Replies made and not yet taken by the connection, charged to admission. The
+            // requests in flight keep being polled meanwhile, so a client that stops reading
+            // holds only its replies: the requests' own work (sequence slots, the cache, their
+            // tickets) ends as ever.
+            let mut out: VecDeque<Reply> = VecDeque::new();
             let (mut reading, mut sent) = (true, 0u64);
             while reading || !running.is_empty() || !streaming.is_empty() || !out.is_empty() {
                 // Requests in flight and replies held here stay within --grpc-stream-max-inflight
@@ -57,9 +61,9 @@ impl Grpc {
                     biased;
                     () = tx.closed() => return,
                     permit = tx.reserve(), if !out.is_empty() => {
-                        let (Ok(permit), Some(item)) = (permit, out.pop_front()) else { return };
-                        let ends = item.is_err();
-                        permit.send((item, Charge::default()));
+                        let (Ok(permit), Some(reply)) = (permit, out.pop_front()) else { return };
+                        let ends = reply.0.is_err();
+                        permit.send(reply);
                         if ends {
                             // An error status ends the gRPC stream: what is still running is
                             // cancelled.
@@ -74,14 +78,14 @@ impl Grpc {
                         out.extend(ready_together(first, &mut running).await);
                     }
                     Some(done) = streaming.next(), if !streaming.is_empty() => {
-                        let done: Option<(u64, StreamItem)> = done;
-                        out.extend(done.map(|(_, item)| item));
+                        let done: Option<(u64, Reply)> = done;
+                        out.extend(done.map(|(_, reply)| reply));
                     }
                     next = inbound.next(), if room => match next {
                         None => reading = false,
                         Some(Err(status)) => {
                             reading = false;
-                            out.push_back(Err(status));
+                            out.push_back((Err(status), Charge::default()));
                         }
                         Some(Ok(req)) => {
                             // The message's bytes move from the stream's ticket to a ticket of
@@ -94,7 +98,7 @@ impl Grpc {
                             let decoupled = ticket.is_ok() && this.engine.decoupled(&req.model_name, version);
                             let n = sent;
                             sent += 1;
-                            let one = this.clone().stream_one(n, req, meta.clone(), ticket, grpc_errors, tx.clone());
+                            let one = this.clone().stream_one(n, req, (meta.clone(), grpc_errors), ticket, decoupled, tx.clone());
                             let one = line.place().run(one);
                             if decoupled { streaming.push(one) } else { running.push(one) }
                         }
@@ -107,22 +111,12 @@ impl Grpc {
         Box::pin(messages)
     }
 
-    /// One streamed reply: the response marked final; on failure the error with what identifies
-    /// the request.
-    async fn stream_reply(
-        &self,
-        req: pb::ModelInferRequest,
-        trace: Meta,
-    ) -> Result<pb::ModelStreamInferResponse, (Error, pb::ModelInferResponse)> {
-        let failed = failed_reply(&req);
-        match self.infer(req, trace).await {
-            Ok(mut resp) => {
-                let (k, v) = convert::final_flag();
-                resp.parameters.insert(k, v);
-                Ok(pb::ModelStreamInferResponse { error_message: String::new(), infer_response: Some(resp) })
-            }
-            Err(e) => Err((e, failed)),
-        }
+    /// One streamed reply: the response marked final.
+    async fn stream_reply(&self, req: pb::ModelInferRequest, trace: Meta) -> Result<pb::ModelStreamInferResponse, Error> {
+        let mut resp = self.infer(req, trace).await?;
+        let (k, v) = convert::final_flag();
+        resp.parameters.insert(k, v);
+        Ok(pb::ModelStreamInferResponse { error_message: String::new(), infer_response: Some(resp) })
     }
 }
 
@@ -130,8 +124,13 @@ impl Grpc {
     /// A decoupled model's request on the stream: each of its responses is a stream message,
     /// `triton_final_response` marking the last (an empty last one is sent only when the request
     /// asked with `triton_enable_empty_final_response`).
-    async fn stream_decoupled(&self, req: pb::ModelInferRequest, meta: Meta, grpc_errors: bool, tx: &StreamSender) {
-        let failed = failed_reply(&req);
+    async fn stream_decoupled(
+        &self,
+        req: pb::ModelInferRequest,
+        (meta, grpc_errors): (Meta, bool),
+        failed: &pb::ModelInferResponse,
+        tx: &StreamSender,
+    ) {
         let empty_final = matches!(
             req.parameters.get("triton_enable_empty_final_response").and_then(|p| p.parameter_choice.as_ref()),
             Some(pb::infer_parameter::ParameterChoice::BoolParam(true))
@@ -185,55 +184,57 @@ impl Grpc {
         self,
         n: u64,
         req: pb::ModelInferRequest,
-        meta: Meta,
+        (meta, grpc_errors): (Meta, bool),
         ticket: Result<Arc<crate::admission::Ticket>, Error>,
-        grpc_errors: bool,
+        decoupled: bool,
         tx: StreamSender,
-    ) -> Option<(u64, StreamItem)> {
+    ) -> Option<(u64, Reply)> {
         let failed = failed_reply(&req);
-        let run = AssertUnwindSafe(self.stream_request(req, meta, ticket, grpc_errors, tx)).catch_unwind();
-        let reply = run.await.unwrap_or_else(|_| {
-            let e = Error::internal("the request failed unexpectedly (a panic; see the server log)");
-            Some(error_item(e, failed, grpc_errors))
+        let run = self.stream_request(req, (meta, grpc_errors), ticket, decoupled, &failed, tx);
+        let outcome = AssertUnwindSafe(run).catch_unwind().await.unwrap_or_else(|_| {
+            Some(Err(Error::internal("the request failed unexpectedly (a panic; see the server log)")))
         });
-        reply.map(|item| (n, item))
+        let reply = outcome?.unwrap_or_else(|e| (error_item(e, failed, grpc_errors), Charge::default()));
+        Some((n, reply))
     }
 
     /// One request of a stream: its reply, to go out (a decoupled model's responses are sent
-    /// as they come, and it gives none).
+    /// as they come, and it gives none). The reply's bytes are charged to admission from when
+    /// it is made until the connection takes it: a client that reads slowly holds them.
     async fn stream_request(
         self,
         req: pb::ModelInferRequest,
-        meta: Meta,
+        (meta, grpc_errors): (Meta, bool),
         ticket: Result<Arc<crate::admission::Ticket>, Error>,
-        grpc_errors: bool,
+        decoupled: bool,
+        failed: &pb::ModelInferResponse,
         tx: StreamSender,
-    ) -> Option<StreamItem> {
-        let outcome = match ticket {
-            Err(e) => Err((e, failed_reply(&req))),
-            Ok(ticket) => {
-                let version = parse_version(&req.model_name, &req.model_version).ok().flatten();
-                if self.engine.decoupled(&req.model_name, version) {
-                    let run = self.stream_decoupled(req, meta, grpc_errors, &tx);
-                    crate::admission::scope(ticket, run).await;
-                    return None;
-                }
-                crate::admission::scope(ticket, self.stream_reply(req, meta)).await
-            }
+    ) -> Option<Result<Reply, Error>> {
+        let ticket = match ticket {
+            Ok(t) => t,
+            Err(e) => return Some(Err(e)),
         };
-        Some(outcome.map_or_else(|(e, failed)| error_item(e, failed, grpc_errors), Ok))
+        if decoupled {
+            crate::admission::scope(ticket, self.stream_decoupled(req, (meta, grpc_errors), failed, &tx)).await;
+            return None;
+        }
+        let msg = crate::admission::scope(ticket, self.stream_reply(req, meta)).await;
+        Some(msg.map(|msg| {
+            let charge = Charge::held(self.engine.admission(), msg.encoded_len() as u64);
+            (Ok(msg), charge)
+        }))
     }
 }
 
 /// `first`, and every other reply of `running` ready now, in the order their requests came
 /// (numbered as read): the replies of one batch are all ready once it ran, and whichever of
 /// them was polled first, they go out in the batch's order, as Triton sends them.
-async fn ready_together<F>(first: Option<(u64, StreamItem)>, running: &mut FuturesUnordered<F>) -> Vec<StreamItem>
+async fn ready_together<F>(first: Option<(u64, Reply)>, running: &mut FuturesUnordered<F>) -> Vec<Reply>
 where
-    F: std::future::Future<Output = Option<(u64, StreamItem)>>,
+    F: std::future::Future<Output = Option<(u64, Reply)>>,
 {
     use futures_util::StreamExt as _;
-    let mut ready: Vec<(u64, StreamItem)> = first.into_iter().collect();
+    let mut ready: Vec<(u64, Reply)> = first.into_iter().collect();
     // Polled with this task's own waker, so that one not ready yet still wakes it.
     while let std::task::Poll::Ready(Some(done)) =
         tokio::task::unconstrained(std::future::poll_fn(|cx| std::task::Poll::Ready(running.poll_next_unpin(cx)))).await
@@ -241,7 +242,7 @@ where
         ready.extend(done);
     }
     ready.sort_unstable_by_key(|(n, _)| *n);
-    ready.into_iter().map(|(_, item)| item).collect()
+    ready.into_iter().map(|(_, reply)| reply).collect()
 }
 
 /// A request's error on the stream: in-band and the stream goes on, unless the client asked
