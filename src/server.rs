@@ -191,6 +191,7 @@ impl Core {
         let options = LoadOptions {
             auto_complete: config.auto_complete,
             default_max_batch_size: config.default_max_batch_size,
+            adaptive_queue_delay: config.adaptive_queue_delay,
             cores: config.cores,
             recent_stats: config.metrics.as_ref().is_some_and(|m| m.summary_latencies),
             histogram: config

@@ -241,6 +241,12 @@ struct ServeArgs {
     /// one of the i-th repository, counting from 0).
     #[arg(long, env = "FERRY_MODEL_NAMESPACING", default_value = "false", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
     model_namespacing: bool,
+    /// A request that finds its model idle runs at once instead of waiting out the model's
+    /// max_queue_delay_microseconds for company, while the model's requests lately came one at a
+    /// time (each of its last 8 found it idle). The first request that arrives while another
+    /// is queued or running brings the wait back. Off: every lone request waits, as Triton's.
+    #[arg(long, env = "FERRY_ADAPTIVE_QUEUE_DELAY", default_value = "false", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
+    adaptive_queue_delay: bool,
     /// Let clients register system shared memory regions for inputs and outputs.
     #[arg(long, env = "FERRY_ALLOW_CLIENT_SHM", default_value = "false", num_args = 0..=1, default_missing_value = "true", action = ArgAction::Set)]
     allow_client_shm: bool,
@@ -340,6 +346,8 @@ pub struct Config {
     pub onnxruntime_library: Option<PathBuf>,
     pub server_id: String,
     pub default_max_batch_size: i32,
+    /// `--adaptive-queue-delay`: lone requests skip the queue delay while requests come one at a time.
+    pub adaptive_queue_delay: bool,
     /// How Python models run (`--backend-config python,...`).
     pub python: PythonSettings,
     /// The Python that runs PyTorch models (`--backend-config pytorch,python=<path>`, else
@@ -522,6 +530,7 @@ impl Config {
                 .or_else(|| std::env::var_os("ORT_DYLIB_PATH").map(PathBuf::from)),
             server_id: a.id,
             default_max_batch_size,
+            adaptive_queue_delay: a.adaptive_queue_delay,
             python,
             pytorch_python: pytorch_python.or_else(|| env("FERRY_PYTORCH_PYTHON").map(PathBuf::from)),
             xgboost_library: xgboost_library.or_else(|| env("FERRY_XGBOOST_LIBRARY").map(PathBuf::from)),

@@ -24,6 +24,8 @@ pub struct LoadOptions {
     pub auto_complete: bool,
     /// max_batch_size given to batchable models whose config leaves it out.
     pub default_max_batch_size: i32,
+    /// `--adaptive-queue-delay`, for dynamically batched models.
+    pub adaptive_queue_delay: bool,
     /// Cores shared by a model's instances.
     pub cores: usize,
     /// Keep recent durations per version (for latency summaries).
@@ -273,7 +275,11 @@ fn load_version(
         _ => sequence_batcher.as_ref(),
     };
     let policy = Policy {
-        batching: BatchPolicy::new(schema.max_batch_size, dynamic),
+        // Sequence batchers keep their delays: a sequence's requests are its own company.
+        batching: BatchPolicy::new(schema.max_batch_size, dynamic).adaptive(
+            options.adaptive_queue_delay
+                && matches!(p.config.scheduling_choice, Some(SchedulingChoice::DynamicBatching(_))),
+        ),
         queue: QueuePolicy::new(dynamic),
         preserve_ordering: dynamic.is_some_and(|d| d.preserve_ordering),
     };

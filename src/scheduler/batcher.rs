@@ -17,12 +17,21 @@ pub struct BatchPolicy {
     /// Preferred batch sizes, ascending; empty = only max_batch_size.
     pub preferred: Vec<usize>,
     pub max_delay: Duration,
+    /// A lone request on a model whose requests lately came one at a time runs at once
+    /// (`--adaptive-queue-delay`; see `State::hurry`).
+    pub adaptive: bool,
 }
 
 impl BatchPolicy {
     pub fn new(max_batch_size: usize, dynamic: Option<&ModelDynamicBatching>) -> Self {
         let Some(db) = dynamic.filter(|_| max_batch_size > 0) else {
-            return BatchPolicy { max_batch_size, dynamic: false, preferred: Vec::new(), max_delay: Duration::ZERO };
+            return BatchPolicy {
+                max_batch_size,
+                dynamic: false,
+                preferred: Vec::new(),
+                max_delay: Duration::ZERO,
+                adaptive: false,
+            };
         };
         let mut preferred: Vec<usize> =
             db.preferred_batch_size.iter().filter_map(|&p| usize::try_from(p).ok()).collect();
@@ -34,7 +43,12 @@ impl BatchPolicy {
             preferred,
             // Past a day a delay means "until the batch is full"; capped, deadlines stay in range.
             max_delay: Duration::from_micros(db.max_queue_delay_microseconds).min(MAX_DELAY),
+            adaptive: false,
         }
+    }
+
+    pub fn adaptive(self, adaptive: bool) -> Self {
+        BatchPolicy { adaptive, ..self }
     }
 
     fn largest_preferred(&self) -> usize {
@@ -60,7 +74,8 @@ pub enum Decision {
     Idle,
 }
 
-/// Decides for the queue as it stands at `now`. With `flush` (shutting down), never waits.
+/// Decides for the queue as it stands at `now`. With `flush` (shutting down, or a lone request
+/// that need not wait: `State::hurry`), never waits.
 pub fn decide<'a>(
     policy: &BatchPolicy,
     pending: impl IntoIterator<Item = Pending<'a>>,
@@ -111,6 +126,7 @@ mod tests {
             dynamic: true,
             preferred: preferred.to_vec(),
             max_delay: Duration::from_micros(delay_us),
+            adaptive: false,
         }
     }
 

@@ -3,7 +3,10 @@
 //! reaper thread answers expired requests on time even while every instance is busy.
 use std::{
     collections::BTreeMap,
-    sync::{Arc, Condvar, Mutex, MutexGuard},
+    sync::{
+        Arc, Condvar, Mutex, MutexGuard,
+        atomic::{AtomicUsize, Ordering},
+    },
     thread::JoinHandle,
     time::{Duration, Instant},
 };
@@ -89,12 +92,16 @@ type Held = (u64, BTreeMap<u64, (Sender, Result<InferResponse>)>);
 struct Responder {
     ordered: bool,
     held: Mutex<Held>,
+    /// Requests queued and not yet answered (counted down before a reply leaves, so a client
+    /// that sends its next request when answered finds its last one counted out).
+    open: AtomicUsize,
 }
 
 impl Responder {
     /// Requests of a batch whose instance panicked: their senders are gone (the callers get an
     /// error); later replies must not wait for them.
     fn abandon(&self, seqs: &[u64]) {
+        self.answered(seqs.len());
         if !self.ordered {
             return;
         }
@@ -113,7 +120,14 @@ impl Responder {
         }
     }
 
+    /// `n` requests are answered (never below none: a batch that panicked after answering some of
+    /// its requests is counted out whole).
+    fn answered(&self, n: usize) {
+        let _ = self.open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| Some(open.saturating_sub(n)));
+    }
+
     fn send(&self, seq: u64, reply: Sender, result: Result<InferResponse>) {
+        self.answered(1);
         if !self.ordered {
             let _ = reply.send(result);
             return;
@@ -208,9 +222,10 @@ impl Shared {
                 q.seats[i].busy = false;
                 return (q, None);
             }
+            let hurry = q.hurry(self.batching.adaptive);
             let pending =
                 q.iter().map(|j| batcher::Pending { rows: j.req.rows, enqueued: j.enqueued, key: &j.req.batch_key });
-            match batcher::decide(&self.batching, pending, now, q.stopping) {
+            match batcher::decide(&self.batching, pending, now, hurry) {
                 batcher::Decision::Run(n) => {
                     q.lingering = false;
                     let jobs = q.take(n);
@@ -318,9 +333,10 @@ impl Shared {
                 q.seats[i].waiting = false;
                 continue;
             }
+            let hurry = q.hurry(self.batching.adaptive);
             let pending =
                 q.iter().map(|j| batcher::Pending { rows: j.req.rows, enqueued: j.enqueued, key: &j.req.batch_key });
-            let wake = match batcher::decide(&self.batching, pending, now, q.stopping) {
+            let wake = match batcher::decide(&self.batching, pending, now, hurry) {
                 batcher::Decision::Run(n) => {
                     let jobs = q.take(n);
                     self.stats.running(jobs.len() as i64);
@@ -441,7 +457,7 @@ impl Scheduler {
             .collect();
         let (name, version) = (ctx.name.clone(), ctx.version);
         let shared = Arc::new(Shared {
-            queue: Mutex::new(State { queue: Queue::new(policy.queue), seats, lingering: false }),
+            queue: Mutex::new(State { queue: Queue::new(policy.queue), seats, lingering: false, alone: 0 }),
             ready: (0..count).map(|_| Condvar::new()).collect(),
             slots,
             stats: Arc::clone(&ctx.stats),
@@ -453,7 +469,11 @@ impl Scheduler {
             linger_max,
             reaping: reaper_needed,
             batching: policy.batching,
-            responder: Responder { ordered: policy.preserve_ordering, held: Mutex::default() },
+            responder: Responder {
+                ordered: policy.preserve_ordering,
+                held: Mutex::default(),
+                open: AtomicUsize::new(0),
+            },
         });
         let mut workers = Vec::with_capacity(count + 1);
         let spawn = |name: String, f: Box<dyn FnOnce() + Send>| {
@@ -480,8 +500,12 @@ impl Scheduler {
         if q.stopping {
             return Err(Retired(Box::new(req)));
         }
+        q.arriving(self.shared.responder.open.load(Ordering::Acquire) == 0);
         let seq = match q.push(req, tx, Instant::now()) {
-            Ok(seq) => seq,
+            Ok(seq) => {
+                self.shared.responder.open.fetch_add(1, Ordering::AcqRel);
+                seq
+            }
             Err((error, tx)) => {
                 let _ = tx.send(Err(error));
                 return Ok(Reply { rx, queued: None });

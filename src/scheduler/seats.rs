@@ -21,6 +21,10 @@ pub(super) const ANYWHERE_MAX: Duration = Duration::from_micros(250);
 /// is no longer than this; a longer delay is waited out by the instance's thread.
 pub(super) const LINGER_MAX: Duration = ANYWHERE_MAX;
 
+/// Requests in a row that must have found the version idle before a lone one skips the queue
+/// delay (`--adaptive-queue-delay`).
+pub(super) const ALONE_RUNS: u32 = 8;
+
 /// One instance, locked by whoever runs its batch (never two at once: the seat says who).
 pub(super) struct Slot {
     pub instance: Box<dyn ModelInstance>,
@@ -47,9 +51,26 @@ pub(super) struct State {
     /// A caller holds a free instance while the batcher waits out a short queue delay for
     /// company (woken by `Shared::linger` when a request arrives or the version stops).
     pub lingering: bool,
+    /// Requests in a row that arrived with every earlier one answered.
+    pub alone: u32,
 }
 
 impl State {
+    /// Counts a request about to be queued (`answered`: every earlier request of the version has
+    /// its reply, so none is queued or running): in a row of lone arrivals, or the end of one.
+    pub fn arriving(&mut self, answered: bool) {
+        let idle = answered && self.queue.is_empty();
+        self.alone = if idle { self.alone.saturating_add(1) } else { 0 };
+    }
+
+    /// The batcher should not wait for company now: the version is stopping, or (with
+    /// `adaptive`) one request is queued and the last `ALONE_RUNS` each found the version idle:
+    /// requests come one at a time (a client that sends its next when answered), and waiting
+    /// would only delay them.
+    pub fn hurry(&self, adaptive: bool) -> bool {
+        self.queue.stopping || (adaptive && self.alone >= ALONE_RUNS && self.queue.len() == 1)
+    }
+
     /// A free instance that may run on the caller's thread.
     pub fn free_anywhere(&self) -> Option<usize> {
         self.seats.iter().position(|s| s.anywhere && !s.busy)
@@ -160,6 +181,7 @@ mod tests {
                 Seat { busy: false, waiting: true, anywhere: true },
             ],
             lingering: false,
+            alone: 0,
         };
         assert_eq!(s.free_anywhere(), Some(2));
         assert_eq!(s.free_waiting(), Some(1));

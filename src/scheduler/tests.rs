@@ -79,8 +79,13 @@ fn values(t: &Tensor) -> Vec<i32> {
 
 #[tokio::test]
 async fn batches_concurrent_requests_and_answers_each() {
-    let policy =
-        BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: Duration::from_millis(50) };
+    let policy = BatchPolicy {
+        max_batch_size: 8,
+        dynamic: true,
+        preferred: vec![],
+        max_delay: Duration::from_millis(50),
+        adaptive: false,
+    };
     let (s, stats) = scheduler(policy, 1, Duration::from_millis(20));
     let replies: Vec<_> = (0..16).map(|v| s.submit(request(v)).ok().unwrap()).collect();
     for (v, reply) in replies.into_iter().enumerate() {
@@ -110,8 +115,13 @@ async fn without_dynamic_batching_requests_run_alone() {
 
 #[tokio::test]
 async fn stop_drains_the_queue_then_refuses() {
-    let policy =
-        BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: Duration::from_secs(60) };
+    let policy = BatchPolicy {
+        max_batch_size: 8,
+        dynamic: true,
+        preferred: vec![],
+        max_delay: Duration::from_secs(60),
+        adaptive: false,
+    };
     let (s, _) = scheduler(policy, 1, Duration::ZERO);
     let reply = s.submit(request(1)).ok().unwrap();
     s.stop();
@@ -122,8 +132,13 @@ async fn stop_drains_the_queue_then_refuses() {
 
 #[tokio::test]
 async fn abandoned_requests_cost_no_compute() {
-    let policy =
-        BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: Duration::from_millis(30) };
+    let policy = BatchPolicy {
+        max_batch_size: 8,
+        dynamic: true,
+        preferred: vec![],
+        max_delay: Duration::from_millis(30),
+        adaptive: false,
+    };
     let (s, stats) = scheduler(policy, 1, Duration::ZERO);
     drop(s.submit(request(1)).ok().unwrap());
     let kept = s.submit(request(2)).ok().unwrap();
@@ -277,8 +292,13 @@ async fn the_reaper_ends_with_its_version_even_with_requests_queued_without_dead
 async fn gpu_memory_passes_through_the_host_for_a_host_instance() {
     use crate::device::{DeviceMemory, HostMemory};
     let memory = HostMemory::new(0, vec![0u8; 64]);
-    let policy =
-        BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: Duration::from_millis(50) };
+    let policy = BatchPolicy {
+        max_batch_size: 8,
+        dynamic: true,
+        preferred: vec![],
+        max_delay: Duration::from_millis(50),
+        adaptive: false,
+    };
     let (s, _) = scheduler(policy, 1, Duration::ZERO);
     let replies: Vec<_> = (0..3)
         .map(|v| {
@@ -434,8 +454,13 @@ fn a_slow_model_stays_on_its_instance_threads() {
 
 #[test]
 fn a_lone_request_under_a_queue_delay_waits_on_the_instance_thread() {
-    let policy =
-        BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: Duration::from_millis(5) };
+    let policy = BatchPolicy {
+        max_batch_size: 8,
+        dynamic: true,
+        preferred: vec![],
+        max_delay: Duration::from_millis(5),
+        adaptive: false,
+    };
     let (s, stats, threads) = anywhere(policy, 1, Duration::ZERO);
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     for v in 0..3 {
@@ -449,7 +474,7 @@ fn a_lone_request_under_a_queue_delay_waits_on_the_instance_thread() {
 #[test]
 fn a_lone_request_under_a_short_queue_delay_waits_on_the_callers_thread() {
     let delay = Duration::from_micros(200);
-    let policy = BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: delay };
+    let policy = BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: delay, adaptive: false };
     let (s, stats, threads) = anywhere(policy, 1, Duration::ZERO);
     let ran = lone_requests_until_one_runs_here(&s, &threads, delay);
     let here = std::thread::current().id();
@@ -489,7 +514,8 @@ fn warm_until_light(s: &Scheduler, rows: usize) -> (u64, u64) {
 fn requests_arriving_while_a_caller_waits_join_its_batch() {
     // A delay long enough that only the second request ends the wait (no race with the clock).
     let delay = Duration::from_secs(30);
-    let policy = BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![2], max_delay: delay };
+    let policy =
+        BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![2], max_delay: delay, adaptive: false };
     let (s, stats, _) = anywhere_lingering(policy, 1, Duration::ZERO, delay);
     let s = Arc::new(s);
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
@@ -575,7 +601,13 @@ fn a_caller_whose_request_expires_stops_waiting_for_the_others() {
 async fn callers_and_instance_threads_share_the_instances_without_losing_a_request() {
     for batching in [
         BatchPolicy::new(8, None),
-        BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: Duration::from_micros(50) },
+        BatchPolicy {
+            max_batch_size: 8,
+            dynamic: true,
+            preferred: vec![],
+            max_delay: Duration::from_micros(50),
+            adaptive: false,
+        },
     ] {
         let (s, stats, threads) = anywhere(batching, 2, Duration::ZERO);
         let s = Arc::new(s);
@@ -600,4 +632,66 @@ async fn callers_and_instance_threads_share_the_instances_without_losing_a_reque
         s.stop();
         s.join();
     }
+}
+
+/// `n` rows of two INT32s each, starting at `v`.
+fn rows(v: i32, n: usize) -> ValidatedRequest {
+    let data: Vec<u8> = (0..2 * n as i32).flat_map(|x| (v + x).to_le_bytes()).collect();
+    ValidatedRequest {
+        rows: n,
+        inputs: vec![Some(ModelTensor::host(vec![n as i64, 2], Bytes::from(data)))],
+        ..request(v)
+    }
+}
+
+fn a_minute_of_delay(adaptive: bool) -> BatchPolicy {
+    BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: Duration::from_secs(60), adaptive }
+}
+
+/// Full batches, one at a time: each finds the version idle, and none waits.
+async fn one_at_a_time(s: &Scheduler, n: u32) {
+    for v in 0..n {
+        s.submit(rows(v as i32, 8)).ok().unwrap().await.unwrap().unwrap();
+    }
+}
+
+#[tokio::test]
+async fn adaptive_a_lone_request_runs_at_once_while_requests_come_one_at_a_time() {
+    let (s, stats) = scheduler(a_minute_of_delay(true), 1, Duration::ZERO);
+    one_at_a_time(&s, seats::ALONE_RUNS).await;
+    // A minute of queue delay, not waited out: the reply comes long before.
+    let reply = s.submit(request(5)).ok().unwrap();
+    let resp = tokio::time::timeout(Duration::from_secs(30), reply).await.expect("answered without the delay");
+    assert_eq!(values(&resp.unwrap().unwrap().outputs[0]), vec![10, 12]);
+    assert_eq!(stats.snapshot().execution_count, u64::from(seats::ALONE_RUNS) + 1);
+}
+
+#[tokio::test]
+async fn without_adaptive_a_lone_request_waits_for_company() {
+    let (s, _) = scheduler(a_minute_of_delay(false), 1, Duration::ZERO);
+    one_at_a_time(&s, seats::ALONE_RUNS).await;
+    let mut reply = s.submit(request(5)).ok().unwrap();
+    assert!(tokio::time::timeout(Duration::from_millis(300), &mut reply).await.is_err(), "it waits for company");
+    // Company fills the batch, and both are answered.
+    let filler = s.submit(rows(0, 7)).ok().unwrap();
+    assert_eq!(values(&reply.await.unwrap().unwrap().outputs[0]), vec![10, 12]);
+    filler.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn adaptive_a_request_that_arrives_while_another_is_unanswered_brings_the_wait_back() {
+    let (s, stats) = scheduler(a_minute_of_delay(true), 1, Duration::from_millis(50));
+    one_at_a_time(&s, seats::ALONE_RUNS).await;
+    // The first runs at once; the second arrives while it runs, and waits for company again.
+    let first = s.submit(request(1)).ok().unwrap();
+    let mut second = s.submit(request(2)).ok().unwrap();
+    first.await.unwrap().unwrap();
+    assert!(tokio::time::timeout(Duration::from_millis(300), &mut second).await.is_err(), "it waits for company");
+    let company: Vec<_> = (10..17).map(|v| s.submit(request(v)).ok().unwrap()).collect();
+    assert_eq!(values(&second.await.unwrap().unwrap().outputs[0]), vec![4, 6]);
+    for c in company {
+        c.await.unwrap().unwrap();
+    }
+    // The second and its company ran as one batch of 8.
+    assert_eq!(stats.snapshot().batches.get(&8).map(|b| b.compute_infer.count), Some(u64::from(seats::ALONE_RUNS) + 1));
 }

@@ -283,15 +283,33 @@ fn byte_len(size: u64) -> Result<usize> {
 }
 
 /// `size` bytes at `start` of a system region's object (a short read means the client shrank it).
+/// Read into memory not zeroed first: the copy is the read's only pass over a large input.
 fn read_file(name: &str, file: &File, start: u64, size: u64) -> Result<Bytes> {
-    let mut data = vec![0u8; byte_len(size)?];
-    let mut done = 0;
-    while done < data.len() {
-        match file.read_at(&mut data[done..], start + done as u64) {
-            Ok(0) => return Err(shrunk(name, start + size)),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(Error::internal(format!("cannot read shared memory region '{name}': {e}"))),
+    use std::os::fd::AsRawFd;
+    let len = byte_len(size)?;
+    let mut data: Vec<u8> = Vec::new();
+    data.try_reserve_exact(len).map_err(|_| {
+        Error::new(
+            ErrorKind::Overloaded,
+            format!("cannot allocate {len} bytes for an input in shared memory region '{name}'"),
+        )
+    })?;
+    while data.len() < len {
+        let (done, spare) = (data.len(), data.spare_capacity_mut());
+        let at = libc::off_t::try_from(start + done as u64).map_err(|_| shrunk(name, start + size))?;
+        // SAFETY: `spare` is this vector's unused capacity, at least `len - done` bytes; pread
+        // writes at most that many into it and says how many it wrote.
+        let n = unsafe { libc::pread(file.as_raw_fd(), spare.as_mut_ptr().cast(), len - done, at) };
+        match n {
+            0 => return Err(shrunk(name, start + size)),
+            // SAFETY: pread initialised the `n` bytes after `done`.
+            n if n > 0 => unsafe { data.set_len(done + n as usize) },
+            _ => {
+                let e = std::io::Error::last_os_error();
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    return Err(Error::internal(format!("cannot read shared memory region '{name}': {e}")));
+                }
+            }
         }
     }
     Ok(Bytes::from(data))

@@ -67,6 +67,38 @@ def test_without_dynamic_batching_requests_run_alone(fresh_repo):
         assert [b["batch_size"] for b in stats["batch_stats"]] == [1]
 
 
+@pytest.mark.parametrize("adaptive", [True, False])
+def test_adaptive_queue_delay_runs_requests_that_come_one_at_a_time_at_once(fresh_repo, adaptive):
+    """A minute of queue delay. With --adaptive-queue-delay, once 8 requests in a row found the
+    model idle (full batches here, which never wait), a lone request runs at once. Without the
+    flag it waits for company, as Triton's does."""
+    config = "max_batch_size: 4\ndynamic_batching { max_queue_delay_microseconds: 60000000 }\n" + ADD_MUL_IO
+    models.add_mul(fresh_repo, "lone", config='name: "lone"\n' + config)
+    config = "max_batch_size: 8\ndynamic_batching { max_queue_delay_microseconds: 5000 }\n" + ADD_MUL_IO
+    models.add_mul(fresh_repo, "busy", config='name: "busy"\n' + config)
+    flags = ["--adaptive-queue-delay"] if adaptive else []
+    with Server(["--model-repository", fresh_repo, *flags]) as s:
+        client = s.grpc_client()
+        for k in range(8):
+            client.infer("lone", inputs(grpcclient, k, rows=4))
+        if not adaptive:
+            with pytest.raises(InferenceServerException) as err:
+                client.infer("lone", inputs(grpcclient, 9), client_timeout=2)
+            assert err.value.status() == "StatusCode.DEADLINE_EXCEEDED"
+            return
+        r = client.infer("lone", inputs(grpcclient, 9), client_timeout=30)
+        np.testing.assert_array_equal(r.as_numpy("y"), np.full((1, 4), 18, dtype=np.float32))
+        stats = s.client().get_inference_statistics("lone")["model_stats"][0]
+        assert (stats["inference_count"], stats["execution_count"]) == (33, 9)
+        # Concurrent requests are all answered, each with its own result (whether they overlap,
+        # and so wait for company again, depends on the pace: the scheduler's unit tests hold
+        # that part with a model that takes its time).
+        http = httpclient.InferenceServerClient(s.url, concurrency=16)
+        pending = [(k, http.async_infer("busy", inputs(httpclient, k))) for k in range(16)]
+        for k, p in pending:
+            np.testing.assert_array_equal(p.get_result().as_numpy("y"), np.full((1, 4), 2 * k, dtype=np.float32))
+
+
 HOLD = "max_batch_size: 8\ndynamic_batching { preferred_batch_size: [ 8 ] max_queue_delay_microseconds: 4000000 %s }\n"
 
 

@@ -112,7 +112,11 @@ impl Grpc {
     }
 
     /// One streamed reply: the response marked final.
-    async fn stream_reply(&self, req: pb::ModelInferRequest, trace: Meta) -> Result<pb::ModelStreamInferResponse, Error> {
+    async fn stream_reply(
+        &self,
+        req: pb::ModelInferRequest,
+        trace: Meta,
+    ) -> Result<pb::ModelStreamInferResponse, Error> {
         let mut resp = self.infer(req, trace).await?;
         let (k, v) = convert::final_flag();
         resp.parameters.insert(k, v);
