@@ -76,7 +76,13 @@ impl Admission {
     /// A ticket holding no bytes yet; it counts as a request in flight until dropped.
     pub fn ticket(self: &Arc<Self>) -> Ticket {
         self.live.fetch_add(1, Ordering::SeqCst);
-        Ticket { admission: Arc::clone(self), bytes: AtomicU64::new(0), late: self.closed() }
+        Ticket { admission: Arc::clone(self), bytes: AtomicU64::new(0), late: self.closed(), counted: true }
+    }
+
+    /// A ticket that is no request (not counted in flight, not waited for at a stop) for bytes
+    /// held on requests' behalf: a stream's replies waiting for their client.
+    pub fn holder(self: &Arc<Self>) -> Ticket {
+        Ticket { admission: Arc::clone(self), bytes: AtomicU64::new(0), late: false, counted: false }
     }
 
     /// A ticket for `bytes` at once, or the overload error.
@@ -133,6 +139,8 @@ pub struct Ticket {
     admission: Arc<Admission>,
     bytes: AtomicU64,
     late: bool,
+    /// A request in flight (`live`); false for a holder.
+    counted: bool,
 }
 
 impl Ticket {
@@ -185,7 +193,7 @@ impl Ticket {
 impl Drop for Ticket {
     fn drop(&mut self) {
         self.release();
-        if self.admission.live.fetch_sub(1, Ordering::SeqCst) == 1 {
+        if self.counted && self.admission.live.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.admission.idle.notify_waiters();
         }
     }
@@ -225,9 +233,9 @@ mod tests {
     #[test]
     fn bytes_held_count_past_the_budget_and_refuse_what_comes_after() {
         let a = Admission::new(100);
-        let held = a.ticket();
+        let held = a.holder();
         held.hold(150);
-        assert_eq!(a.counts().used, 150);
+        assert_eq!((a.counts().used, a.counts().live), (150, 0), "a holder is no request in flight");
         assert_eq!(a.admit(1).err().map(|e| e.kind()), Some(ErrorKind::Overloaded));
         drop(held);
         assert_eq!((a.counts().used, a.counts().live), (0, 0));

@@ -171,12 +171,11 @@ impl Charge {
         self.bytes
     }
 
-    /// `n` bytes already made (a reply waiting for its connection), on a ticket of their own,
-    /// counted even past the budget: what comes after is refused until they are given back.
-    pub fn held(admission: &Arc<crate::admission::Admission>, n: u64) -> Charge {
-        let ticket = admission.ticket();
-        ticket.hold(n);
-        Charge { ticket: Some(Arc::new(ticket)), bytes: n }
+    /// `n` bytes already made (a reply waiting for its connection) on `holder`, counted even
+    /// past the budget: what comes after is refused until they are given back.
+    pub fn held(holder: &Arc<crate::admission::Ticket>, n: u64) -> Charge {
+        holder.hold(n);
+        Charge { ticket: Some(Arc::clone(holder)), bytes: n }
     }
 
     /// A separate charge of `n` bytes on the same ticket (a while's work on what this holds).

@@ -31,6 +31,10 @@ pub(super) struct NetworkArgs {
     /// message until one finishes.
     #[arg(long, env = "FERRY_GRPC_STREAM_MAX_INFLIGHT", default_value_t = 128)]
     grpc_stream_max_inflight: usize,
+    /// Seconds a ModelStreamInfer stream's replies may wait for a client that takes none of them;
+    /// then the stream ends with RESOURCE_EXHAUSTED and its waiting replies are dropped.
+    #[arg(long, env = "FERRY_GRPC_STREAM_STALL_TIMEOUT_SECS", default_value_t = 60)]
+    grpc_stream_stall_timeout_secs: u64,
     /// Bytes of requests in flight, server-wide; a request past it gets 503 + Retry-After (HTTP)
     /// or RESOURCE_EXHAUSTED (gRPC). Default: a quarter of the memory limit (the container's
     /// cgroup limit, else the machine's memory).
@@ -70,6 +74,7 @@ impl NetworkArgs {
             grpc_max_input_size,
             grpc_max_concurrent_streams: self.grpc_max_concurrent_streams,
             grpc_stream_max_inflight: self.grpc_stream_max_inflight,
+            grpc_stream_stall_timeout: positive("grpc-stream-stall-timeout-secs", self.grpc_stream_stall_timeout_secs)?,
             admission_budget,
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),
         })

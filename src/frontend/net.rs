@@ -36,6 +36,8 @@ pub struct Network {
     pub grpc_max_input_size: usize,
     pub grpc_max_concurrent_streams: u32,
     pub grpc_stream_max_inflight: usize,
+    /// How long a stream's replies may wait for a client that takes none.
+    pub grpc_stream_stall_timeout: Duration,
     pub admission_budget: u64,
     pub exit_timeout: Duration,
 }
@@ -322,6 +324,7 @@ mod tests {
             grpc_max_input_size: 1,
             grpc_max_concurrent_streams: 1,
             grpc_stream_max_inflight: 1,
+            grpc_stream_stall_timeout: Duration::from_secs(60),
             admission_budget: 1,
             exit_timeout: Duration::from_secs(1),
         }

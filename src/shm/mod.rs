@@ -235,9 +235,16 @@ impl SharedMemory {
     /// An input held in a region: a system region's bytes are copied out (empty device part); a
     /// CUDA region's stay on the GPU (empty host bytes), for the engine to hand to a GPU instance
     /// or copy to the host. The region is looked up once.
+    /// The copy is charged to the request's admission ticket before it is made: a request
+    /// naming more bytes than the budget has room for is refused without reading them.
     pub fn read_input(&self, name: &str, offset: u64, size: u64) -> Result<(Bytes, Option<DeviceBytes>)> {
         Ok(match self.locate(name, offset, size)? {
-            Located::File(file, start) => (read_file(name, &file, start, size)?, None),
+            Located::File(file, start) => {
+                if let Some(ticket) = crate::admission::current_ticket() {
+                    ticket.grow(size)?;
+                }
+                (read_file(name, &file, start, size)?, None)
+            }
             Located::Cuda(region, start) => (Bytes::new(), Some(DeviceBytes::new(region, start, byte_len(size)?))),
         })
     }

@@ -534,6 +534,8 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
             try:
                 # Up to 4 replies wait in the stream, 4 more on their way to the connection.
                 wait_for(lambda: metric(s, "ferry_inflight_request_bytes") >= 4 * size, "the replies are held")
+                # Held replies are bytes, not requests: in flight are the stream and this scrape.
+                assert metric(s, "ferry_inflight_requests") <= 2
                 inp = grpcclient.InferInput("INPUT0", list(big.shape), "FP32")
                 inp.set_data_from_numpy(big)
                 with pytest.raises(InferenceServerException) as err:
@@ -545,6 +547,75 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
             wait_for(lambda: metric(s, "ferry_inflight_request_bytes") == 0, "the held replies are given back")
             out = s.grpc_client().infer("fast", [inp]).as_numpy("OUTPUT0")
             np.testing.assert_array_equal(out, big)
+    finally:
+        shm.destroy_shared_memory_region(region)
+
+
+def shm_identity_repo(tmp_path, size):
+    """An identity model, and a request of it whose 4-byte-per-element input is `size` bytes
+    of the system shared-memory region "in"."""
+    models.identity(str(tmp_path), "fast", "FP32", config=False)
+    (tmp_path / "fast" / "config.pbtxt").write_text("""max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
+""")
+    req = service_pb2.ModelInferRequest(model_name="fast")
+    t = req.inputs.add(name="INPUT0", datatype="FP32")
+    t.shape.extend([1, size // 4])
+    t.parameters["shared_memory_region"].string_param = "in"
+    t.parameters["shared_memory_byte_size"].int64_param = size
+    return req.SerializeToString()
+
+
+def test_a_grpc_stream_whose_client_takes_no_reply_is_ended_after_the_stall_timeout(tmp_path):
+    """A client that keeps its stream open and reads nothing holds its replies for the stall
+    timeout, then its stream is ended and the replies given back, while it is still connected."""
+    import tritonclient.utils.shared_memory as shm
+    size = 256 << 10
+    message = shm_identity_repo(tmp_path, size)
+    key = f"/ferry_stall_{os.getpid()}"
+    region = shm.create_shared_memory_region("in", key, size)
+    try:
+        with Server(["--model-repository", str(tmp_path), "--allow-client-shm", "--grpc-stream-max-inflight", "4",
+                     "--grpc-stream-stall-timeout-secs", "1"]) as s:
+            s.grpc_client().register_system_shared_memory("in", key, size)
+            unread = raw_grpc.unread_stream(s.grpc_port, [message] * 16)
+            try:
+                wait_for(lambda: metric(s, "ferry_inflight_request_bytes") >= 4 * size, "the replies are held")
+                wait_for(lambda: metric(s, "ferry_inflight_request_bytes") == 0, "the stalled stream is ended")
+                s.wait_log("took none of its replies")
+                x = np.ones((1, 8), np.float32)
+                inp = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+                inp.set_data_from_numpy(x)
+                np.testing.assert_array_equal(s.grpc_client().infer("fast", [inp]).as_numpy("OUTPUT0"), x)
+            finally:
+                unread.close()
+    finally:
+        shm.destroy_shared_memory_region(region)
+
+
+def test_a_shared_memory_input_is_charged_before_it_is_read(tmp_path):
+    """The bytes a request names in shared memory count against the admission budget before
+    they are copied: naming more than the budget is refused without reading them."""
+    import tritonclient.utils.shared_memory as shm
+    size = 4 << 20
+    message = service_pb2.ModelInferRequest.FromString(shm_identity_repo(tmp_path, size))
+    key = f"/ferry_charged_{os.getpid()}"
+    region = shm.create_shared_memory_region("in", key, size)
+    try:
+        with Server(["--model-repository", str(tmp_path), "--allow-client-shm",
+                     "--max-inflight-request-bytes", str(1 << 20)]) as s:
+            s.grpc_client().register_system_shared_memory("in", key, size)
+            status, text, _ = raw_grpc.call(s.grpc_port, "/inference.GRPCInferenceService/ModelInfer",
+                                            message.SerializeToString())
+            assert status == 8 and "--max-inflight-request-bytes" in text, (status, text)  # RESOURCE_EXHAUSTED
+            # A size the budget has room for is read and answered.
+            message.inputs[0].shape[:] = [1, 1024]
+            message.inputs[0].parameters["shared_memory_byte_size"].int64_param = 4096
+            status, text, _ = raw_grpc.call(s.grpc_port, "/inference.GRPCInferenceService/ModelInfer",
+                                            message.SerializeToString())
+            assert status == 0, (status, text)
+            assert metric(s, "ferry_inflight_request_bytes") == 0
     finally:
         shm.destroy_shared_memory_region(region)
 

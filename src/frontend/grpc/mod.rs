@@ -21,6 +21,7 @@ use crate::{
 mod admin;
 pub mod convert;
 pub mod deadline;
+mod outbox;
 mod services;
 mod stream;
 
@@ -35,6 +36,8 @@ pub struct Grpc {
     engine: Arc<Engine>,
     /// Requests of one ModelStreamInfer stream in flight at once.
     stream_inflight: usize,
+    /// How long a stream's replies may wait for a client that takes none of them.
+    stream_stall: std::time::Duration,
     /// --grpc-header-forward-pattern.
     forward: Option<Arc<regex::Regex>>,
 }
@@ -47,7 +50,12 @@ pub fn services(
     limits: &Network,
     forward: Option<regex::Regex>,
 ) -> (service::GrpcInferenceServiceServer<Grpc>, health_server::HealthServer<Grpc>) {
-    let grpc = Grpc { engine, stream_inflight: limits.grpc_stream_max_inflight, forward: forward.map(Arc::new) };
+    let grpc = Grpc {
+        engine,
+        stream_inflight: limits.grpc_stream_max_inflight,
+        stream_stall: limits.grpc_stream_stall_timeout,
+        forward: forward.map(Arc::new),
+    };
     let inference = service::GrpcInferenceServiceServer::new(grpc.clone())
         .max_decoding_message_size(limits.grpc_max_input_size)
         .max_encoding_message_size(i32::MAX as usize)

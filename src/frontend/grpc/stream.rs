@@ -2,16 +2,19 @@
 //! --grpc-stream-max-inflight: the next message is read only when one finishes). One task drives
 //! them all; each gets one reply (a decoupled model's request, its responses), in completion
 //! order, and the replies of one batch in the batch's order, as Triton sends them.
-use std::{collections::VecDeque, panic::AssertUnwindSafe, pin::Pin, sync::Arc};
+use std::{panic::AssertUnwindSafe, pin::Pin, sync::Arc};
 
 use futures_util::{FutureExt as _, stream::FuturesUnordered};
 
 use prost::Message;
-use tokio::sync::mpsc;
-use tokio_stream::{Stream, StreamExt, wrappers::ReceiverStream};
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Status, Streaming};
 
-use super::{Grpc, Meta, convert, status};
+use super::{
+    Grpc, Meta, convert,
+    outbox::{Outbox, StreamItem, StreamSender},
+    status,
+};
 use crate::{
     error::Error,
     frontend::guard::RequestTicket,
@@ -20,13 +23,6 @@ use crate::{
 };
 
 pub(super) type InferStream = Pin<Box<dyn Stream<Item = Result<pb::ModelStreamInferResponse, Status>> + Send>>;
-/// One message of a `ModelStreamInfer` stream.
-type StreamItem = Result<pb::ModelStreamInferResponse, Status>;
-/// A message on its way out, with the bytes it holds charged to admission until the connection
-/// takes it.
-type Reply = (StreamItem, Charge);
-/// A `ModelStreamInfer` stream's messages on their way out.
-type StreamSender = mpsc::Sender<Reply>;
 
 impl Grpc {
     /// The stream's replies, as the requests that `r` brings are answered.
@@ -36,7 +32,8 @@ impl Grpc {
             r.metadata().get("triton_grpc_error").is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true"));
         let stream_ticket = r.extensions().get::<RequestTicket>().map(|t| Arc::clone(&t.0));
         let mut inbound = r.into_inner();
-        let (tx, rx) = mpsc::channel(self.stream_inflight);
+        let holder = self.engine.admission().holder();
+        let (mut outbox, tx, messages) = Outbox::new(holder, self.stream_inflight, self.stream_stall);
         let this = self.clone();
         tokio::spawn(async move {
             // Each request reaches its model's queue after the one sent before it.
@@ -44,24 +41,23 @@ impl Grpc {
             // Requests with one reply each, and decoupled models' requests (which send their
             // own responses, under tokio's budget: they may stream for long).
             let (mut running, mut streaming) = (FuturesUnordered::new(), FuturesUnordered::new());
-            // Replies made and not yet taken by the connection, charged to admission. The
-            // requests in flight keep being polled meanwhile, so a client that stops reading
-            // holds only its replies: the requests' own work (sequence slots, the cache, their
-            // tickets) ends as ever.
-            let mut out: VecDeque<Reply> = VecDeque::new();
+            // The requests in flight keep being polled while their replies wait in the outbox,
+            // so a client that stops reading holds only its replies: the requests' own work
+            // (sequence slots, the cache, their tickets) ends as ever.
             let (mut reading, mut sent) = (true, 0u64);
-            while reading || !running.is_empty() || !streaming.is_empty() || !out.is_empty() {
-                // Requests in flight and replies held here stay within --grpc-stream-max-inflight
-                // (the channel to the connection holds as many again).
-                let held = running.len() + streaming.len() + out.len();
+            let mut look = tokio::time::interval_at(tokio::time::Instant::now() + outbox.stall, outbox.stall);
+            while reading || !running.is_empty() || !streaming.is_empty() || !outbox.waiting.is_empty() {
+                // Requests in flight and replies waiting here stay within
+                // --grpc-stream-max-inflight (the channel to the connection holds as many again).
+                let held = running.len() + streaming.len() + outbox.waiting.len();
                 let room = reading && held < this.stream_inflight;
                 // A client that leaves the stream cancels its requests (dropped with `running`:
                 // out of the queue, or seen by the model as cancelled).
                 tokio::select! {
                     biased;
                     () = tx.closed() => return,
-                    permit = tx.reserve(), if !out.is_empty() => {
-                        let (Ok(permit), Some(reply)) = (permit, out.pop_front()) else { return };
+                    permit = tx.reserve(), if !outbox.waiting.is_empty() => {
+                        let (Ok(permit), Some(reply)) = (permit, outbox.waiting.pop_front()) else { return };
                         let ends = reply.0.is_err();
                         permit.send(reply);
                         if ends {
@@ -75,17 +71,26 @@ impl Grpc {
                     // Polled outside tokio's budget: a reply ready but refused a poll by the
                     // budget would come back after later ones.
                     Some(first) = tokio::task::unconstrained(running.next()), if !running.is_empty() => {
-                        out.extend(ready_together(first, &mut running).await);
+                        for item in ready_together(first, &mut running).await {
+                            outbox.push(item);
+                        }
                     }
                     Some(done) = streaming.next(), if !streaming.is_empty() => {
-                        let done: Option<(u64, Reply)> = done;
-                        out.extend(done.map(|(_, reply)| reply));
+                        let done: Option<(u64, StreamItem)> = done;
+                        if let Some((_, item)) = done {
+                            outbox.push(item);
+                        }
                     }
+                    _ = look.tick() => if outbox.stalled(&tx) {
+                        let dropped = outbox.end_stalled(&tx);
+                        tracing::warn!(dropped, "a gRPC stream's client took none of its replies for the stall timeout: stream ended");
+                        return;
+                    },
                     next = inbound.next(), if room => match next {
                         None => reading = false,
                         Some(Err(status)) => {
                             reading = false;
-                            out.push_back((Err(status), Charge::default()));
+                            outbox.push(Err(status));
                         }
                         Some(Ok(req)) => {
                             // The message's bytes move from the stream's ticket to a ticket of
@@ -106,8 +111,6 @@ impl Grpc {
                 }
             }
         });
-        // A message's charge ends when tonic takes it to encode and send.
-        let messages = ReceiverStream::new(rx).map(|(msg, _charge): (_, Charge)| msg);
         Box::pin(messages)
     }
 
@@ -192,19 +195,17 @@ impl Grpc {
         ticket: Result<Arc<crate::admission::Ticket>, Error>,
         decoupled: bool,
         tx: StreamSender,
-    ) -> Option<(u64, Reply)> {
+    ) -> Option<(u64, StreamItem)> {
         let failed = failed_reply(&req);
         let run = self.stream_request(req, (meta, grpc_errors), ticket, decoupled, &failed, tx);
         let outcome = AssertUnwindSafe(run).catch_unwind().await.unwrap_or_else(|_| {
             Some(Err(Error::internal("the request failed unexpectedly (a panic; see the server log)")))
         });
-        let reply = outcome?.unwrap_or_else(|e| (error_item(e, failed, grpc_errors), Charge::default()));
-        Some((n, reply))
+        Some((n, outcome?.unwrap_or_else(|e| error_item(e, failed, grpc_errors))))
     }
 
     /// One request of a stream: its reply, to go out (a decoupled model's responses are sent
-    /// as they come, and it gives none). The reply's bytes are charged to admission from when
-    /// it is made until the connection takes it: a client that reads slowly holds them.
+    /// as they come, and it gives none).
     async fn stream_request(
         self,
         req: pb::ModelInferRequest,
@@ -213,7 +214,7 @@ impl Grpc {
         decoupled: bool,
         failed: &pb::ModelInferResponse,
         tx: StreamSender,
-    ) -> Option<Result<Reply, Error>> {
+    ) -> Option<Result<StreamItem, Error>> {
         let ticket = match ticket {
             Ok(t) => t,
             Err(e) => return Some(Err(e)),
@@ -222,23 +223,19 @@ impl Grpc {
             crate::admission::scope(ticket, self.stream_decoupled(req, (meta, grpc_errors), failed, &tx)).await;
             return None;
         }
-        let msg = crate::admission::scope(ticket, self.stream_reply(req, meta)).await;
-        Some(msg.map(|msg| {
-            let charge = Charge::held(self.engine.admission(), msg.encoded_len() as u64);
-            (Ok(msg), charge)
-        }))
+        Some(crate::admission::scope(ticket, self.stream_reply(req, meta)).await.map(Ok))
     }
 }
 
 /// `first`, and every other reply of `running` ready now, in the order their requests came
 /// (numbered as read): the replies of one batch are all ready once it ran, and whichever of
 /// them was polled first, they go out in the batch's order, as Triton sends them.
-async fn ready_together<F>(first: Option<(u64, Reply)>, running: &mut FuturesUnordered<F>) -> Vec<Reply>
+async fn ready_together<F>(first: Option<(u64, StreamItem)>, running: &mut FuturesUnordered<F>) -> Vec<StreamItem>
 where
-    F: std::future::Future<Output = Option<(u64, Reply)>>,
+    F: std::future::Future<Output = Option<(u64, StreamItem)>>,
 {
     use futures_util::StreamExt as _;
-    let mut ready: Vec<(u64, Reply)> = first.into_iter().collect();
+    let mut ready: Vec<(u64, StreamItem)> = first.into_iter().collect();
     // Polled with this task's own waker, so that one not ready yet still wakes it.
     while let std::task::Poll::Ready(Some(done)) =
         tokio::task::unconstrained(std::future::poll_fn(|cx| std::task::Poll::Ready(running.poll_next_unpin(cx)))).await
@@ -246,7 +243,7 @@ where
         ready.extend(done);
     }
     ready.sort_unstable_by_key(|(n, _)| *n);
-    ready.into_iter().map(|(_, reply)| reply).collect()
+    ready.into_iter().map(|(_, item)| item).collect()
 }
 
 /// A request's error on the stream: in-band and the stream goes on, unless the client asked
