@@ -6,6 +6,10 @@ use clap::Args;
 
 use crate::frontend::net::Network;
 
+/// The longest stall timeout taken: past a day, it means "never" in practice (and the time
+/// stays in range).
+const MAX_STALL: Duration = Duration::from_secs(24 * 3600);
+
 #[derive(Args, Debug, Clone)]
 pub(super) struct NetworkArgs {
     /// Open connections per listener; more are closed as they arrive.
@@ -74,7 +78,8 @@ impl NetworkArgs {
             grpc_max_input_size,
             grpc_max_concurrent_streams: self.grpc_max_concurrent_streams,
             grpc_stream_max_inflight: self.grpc_stream_max_inflight,
-            grpc_stream_stall_timeout: positive("grpc-stream-stall-timeout-secs", self.grpc_stream_stall_timeout_secs)?,
+            grpc_stream_stall_timeout: positive("grpc-stream-stall-timeout-secs", self.grpc_stream_stall_timeout_secs)?
+                .min(MAX_STALL),
             admission_budget,
             exit_timeout: Duration::from_secs(self.exit_timeout_secs),
         })

@@ -42,10 +42,11 @@ def call(port, method, message, headers=(), timeout=30):
     raise ConnectionError("the server closed the connection before the call ended")
 
 
-def unread_stream(port, messages, window=1):
+def unread_stream(port, messages, window=1, end=False):
     """Opens a `ModelStreamInfer` stream, sends `messages` (serialized requests, up to 64 KiB in
-    all: the server's first window) on it and never reads a reply: a window of `window` bytes
-    keeps the server from sending more. Returns the socket; the stream lives until it closes."""
+    all: the server's first window) on it (`end`: then ends its side of the stream) and never
+    reads a reply: a window of `window` bytes keeps the server from sending more. Returns the
+    socket; the stream lives until it closes."""
     sock = socket.create_connection(("127.0.0.1", port))
     conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
     conn.local_settings = h2.settings.Settings(client=True, initial_values={
@@ -58,6 +59,6 @@ def unread_stream(port, messages, window=1):
                                ("te", "trailers")])
     framed = b"".join(b"\x00" + struct.pack(">I", len(m)) + m for m in messages)
     for at in range(0, len(framed), 16384):
-        conn.send_data(stream, framed[at:at + 16384])
+        conn.send_data(stream, framed[at:at + 16384], end_stream=end and at + 16384 >= len(framed))
     sock.sendall(conn.data_to_send())
     return sock

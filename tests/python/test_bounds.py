@@ -567,9 +567,11 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
     return req.SerializeToString()
 
 
-def test_a_grpc_stream_whose_client_takes_no_reply_is_ended_after_the_stall_timeout(tmp_path):
-    """A client that keeps its stream open and reads nothing holds its replies for the stall
-    timeout, then its stream is ended and the replies given back, while it is still connected."""
+@pytest.mark.parametrize("end", [False, True], ids=["open", "half-closed"])
+def test_a_grpc_stream_whose_client_takes_no_reply_is_ended_after_the_stall_timeout(tmp_path, end):
+    """A client that keeps its stream open (or has sent all it had) and reads nothing holds its
+    replies for the stall timeout, then its stream is ended and the replies given back, while
+    it is still connected."""
     import tritonclient.utils.shared_memory as shm
     size = 256 << 10
     message = shm_identity_repo(tmp_path, size)
@@ -579,9 +581,11 @@ def test_a_grpc_stream_whose_client_takes_no_reply_is_ended_after_the_stall_time
         with Server(["--model-repository", str(tmp_path), "--allow-client-shm", "--grpc-stream-max-inflight", "4",
                      "--grpc-stream-stall-timeout-secs", "1"]) as s:
             s.grpc_client().register_system_shared_memory("in", key, size)
-            unread = raw_grpc.unread_stream(s.grpc_port, [message] * 16)
+            # Half-closed, the 4 replies fit in the channel (tonic takes one or two): nothing
+            # waits in the stream itself.
+            unread = raw_grpc.unread_stream(s.grpc_port, [message] * (4 if end else 16), end=end)
             try:
-                wait_for(lambda: metric(s, "ferry_inflight_request_bytes") >= 4 * size, "the replies are held")
+                wait_for(lambda: metric(s, "ferry_inflight_request_bytes") >= (1 if end else 3) * size, "the replies are held")
                 wait_for(lambda: metric(s, "ferry_inflight_request_bytes") == 0, "the stalled stream is ended")
                 s.wait_log("took none of its replies")
                 x = np.ones((1, 8), np.float32)

@@ -1,8 +1,9 @@
 //! A `ModelStreamInfer` stream's replies on their way to the connection. Replies made and not yet
 //! taken wait here, then in the channel that tonic reads; every one is charged to admission until
 //! tonic takes it, so a client that reads slowly holds its replies against the server's budget.
-//! A client that takes none for the stall timeout has its stream ended and its replies dropped:
-//! one that keeps its connection alive but never reads cannot hold the budget for ever.
+//! A client that takes none for the stall timeout (longer after a large reply, which it may
+//! still be reading) has its stream ended and its replies dropped: one that keeps its connection
+//! alive but never reads cannot hold the budget for ever.
 use std::{
     collections::VecDeque,
     sync::{
@@ -26,19 +27,36 @@ pub(super) type Reply = (StreamItem, Charge);
 /// A `ModelStreamInfer` stream's messages on their way out.
 pub(super) type StreamSender = mpsc::Sender<Reply>;
 
+/// The slowest a client may read a large reply: after tonic takes a reply of `n` bytes, the
+/// stall timeout is longer by the time `n` bytes take at this rate.
+const MIN_READ_RATE: u64 = 64 << 10;
+
+/// The channel's receiving end, owned by the stream tonic reads.
+struct Tail {
+    rx: mpsc::Receiver<Reply>,
+    /// The error that ends a stalled stream, sent after what is left (should tonic read again).
+    ended: Option<Status>,
+}
+
+/// What tonic took: messages, and the size of the last.
+#[derive(Default)]
+struct Taken {
+    count: AtomicU64,
+    last_bytes: AtomicU64,
+}
+
 pub(super) struct Outbox {
     /// Replies made and not yet in the channel, in the order they go out.
     pub waiting: VecDeque<Reply>,
     /// What the waiting replies, and those in the channel, are charged to.
     holder: Arc<Ticket>,
-    /// The channel's receiving end, owned by the stream tonic reads (a client that leaves drops
-    /// it, which the sender sees), reached from here to drop a stalled stream's replies while
-    /// tonic is not reading.
-    rx: Weak<Mutex<mpsc::Receiver<Reply>>>,
-    /// Messages tonic has taken.
-    taken: Arc<AtomicU64>,
-    /// At the last look: whether replies waited, and how many tonic had taken.
-    last: (bool, u64),
+    /// Reached from here to drop a stalled stream's replies while tonic is not reading; gone
+    /// once the client left (tonic dropped the stream), which the channel's sender sees too.
+    tail: Weak<Mutex<Tail>>,
+    taken: Arc<Taken>,
+    /// Since replies began to wait with none taken: how long, counted in looks (None: not
+    /// waiting, or some taken since the last look), and how many tonic had taken then.
+    quiet: (Option<Duration>, u64),
     pub stall: Duration,
 }
 
@@ -51,21 +69,27 @@ impl Outbox {
         stall: Duration,
     ) -> (Outbox, StreamSender, impl tokio_stream::Stream<Item = StreamItem> + Send + 'static) {
         let (tx, rx) = mpsc::channel(capacity);
-        let (rx, taken) = (Arc::new(Mutex::new(rx)), Arc::new(AtomicU64::new(0)));
+        let tail = Arc::new(Mutex::new(Tail { rx, ended: None }));
+        let taken = Arc::new(Taken::default());
         let outbox = Outbox {
             waiting: VecDeque::new(),
             holder: Arc::new(holder),
-            rx: Arc::downgrade(&rx),
+            tail: Arc::downgrade(&tail),
             taken: Arc::clone(&taken),
-            last: (false, 0),
+            quiet: (None, 0),
             stall,
         };
         let messages = futures_util::stream::poll_fn(move |cx| {
-            let next = rx.lock().unwrap_or_else(|p| p.into_inner()).poll_recv(cx);
-            if let Poll::Ready(Some(_)) = &next {
-                taken.fetch_add(1, Ordering::Relaxed);
+            let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+            match tail.rx.poll_recv(cx) {
+                Poll::Ready(Some((msg, charge))) => {
+                    taken.last_bytes.store(charge.bytes(), Ordering::Relaxed);
+                    taken.count.fetch_add(1, Ordering::Relaxed);
+                    Poll::Ready(Some(msg))
+                }
+                Poll::Ready(None) => Poll::Ready(tail.ended.take().map(Err)),
+                Poll::Pending => Poll::Pending,
             }
-            next.map(|reply| reply.map(|(msg, _charge)| msg))
         });
         (outbox, tx, messages)
     }
@@ -79,33 +103,47 @@ impl Outbox {
         self.waiting.push_back((item, charge));
     }
 
-    /// Looked at once per stall timeout: true when replies waited at the last look and still
-    /// do, and tonic took none since (the client read nothing for at least that long).
-    pub fn stalled(&mut self, tx: &StreamSender) -> bool {
-        let waiting = !self.waiting.is_empty() || tx.capacity() < tx.max_capacity();
-        let taken = self.taken.load(Ordering::Relaxed);
-        let stalled = waiting && self.last.0 && taken == self.last.1;
-        self.last = (waiting, taken);
-        stalled
+    /// Replies wait in the channel for tonic.
+    pub fn in_channel(&self) -> bool {
+        self.tail.upgrade().is_some_and(|t| !t.lock().unwrap_or_else(|p| p.into_inner()).rx.is_empty())
+    }
+
+    /// Looked at once per stall timeout: true when replies have waited with none taken for the
+    /// stall timeout, plus the time the last reply taken needs at `MIN_READ_RATE` (the client
+    /// may still be reading it).
+    pub fn stalled(&mut self) -> bool {
+        let taken = self.taken.count.load(Ordering::Relaxed);
+        let waiting = !self.waiting.is_empty() || self.in_channel();
+        let quiet = match self.quiet {
+            (Some(quiet), before) if waiting && before == taken => quiet + self.stall,
+            _ if waiting => Duration::ZERO,
+            _ => {
+                self.quiet = (None, taken);
+                return false;
+            }
+        };
+        self.quiet = (Some(quiet), taken);
+        let reading = Duration::from_secs(self.taken.last_bytes.load(Ordering::Relaxed) / MIN_READ_RATE);
+        quiet >= self.stall + reading
     }
 
     /// Ends a stalled stream: its replies are dropped (their charges given back) and, should the
-    /// client read again, the error says why. Returns how many replies were dropped.
-    pub fn end_stalled(&mut self, tx: &StreamSender) -> usize {
+    /// client read again, the error says why once the senders are gone. Returns how many replies
+    /// were dropped.
+    pub fn end_stalled(&mut self) -> usize {
         let mut dropped = self.waiting.len();
         self.waiting.clear();
-        if let Some(rx) = self.rx.upgrade() {
-            let mut rx = rx.lock().unwrap_or_else(|p| p.into_inner());
-            while rx.try_recv().is_ok() {
+        if let Some(tail) = self.tail.upgrade() {
+            let mut tail = tail.lock().unwrap_or_else(|p| p.into_inner());
+            while tail.rx.try_recv().is_ok() {
                 dropped += 1;
             }
+            tail.ended = Some(Status::resource_exhausted(format!(
+                "the client took none of this stream's replies for {} s (--grpc-stream-stall-timeout-secs): the \
+                 stream was ended and its {dropped} waiting replies dropped",
+                self.stall.as_secs()
+            )));
         }
-        let why = Status::resource_exhausted(format!(
-            "the client took none of this stream's replies for {} s (--grpc-stream-stall-timeout-secs): the \
-             stream was ended and its {dropped} waiting replies dropped",
-            self.stall.as_secs()
-        ));
-        let _ = tx.try_send((Err(why), Charge::default()));
         dropped
     }
 }

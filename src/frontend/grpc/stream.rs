@@ -81,10 +81,8 @@ impl Grpc {
                             outbox.push(item);
                         }
                     }
-                    _ = look.tick() => if outbox.stalled(&tx) {
-                        let dropped = outbox.end_stalled(&tx);
-                        tracing::warn!(dropped, "a gRPC stream's client took none of its replies for the stall timeout: stream ended");
-                        return;
+                    _ = look.tick() => if outbox.stalled() {
+                        return stalled(&mut outbox);
                     },
                     next = inbound.next(), if room => match next {
                         None => reading = false,
@@ -108,6 +106,15 @@ impl Grpc {
                             if decoupled { streaming.push(one) } else { running.push(one) }
                         }
                     },
+                }
+            }
+            // All is answered; the stream ends once tonic has sent what the channel holds. A
+            // client that has sent all it had and reads nothing must not hold that for ever.
+            drop(tx);
+            while outbox.in_channel() {
+                look.tick().await;
+                if outbox.stalled() {
+                    return stalled(&mut outbox);
                 }
             }
         });
@@ -225,6 +232,12 @@ impl Grpc {
         }
         Some(crate::admission::scope(ticket, self.stream_reply(req, meta)).await.map(Ok))
     }
+}
+
+/// Ends a stream whose client takes no reply (see `Outbox::stalled`).
+fn stalled(outbox: &mut Outbox) {
+    let dropped = outbox.end_stalled();
+    tracing::warn!(dropped, "a gRPC stream's client took none of its replies for the stall timeout: stream ended");
 }
 
 /// `first`, and every other reply of `running` ready now, in the order their requests came
