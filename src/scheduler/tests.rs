@@ -55,6 +55,11 @@ fn scheduler(batching: BatchPolicy, instances: usize, pause: Duration) -> (Sched
     (Scheduler::start(ctx, policy, instances, None, Vec::new()).unwrap(), stats)
 }
 
+/// Dynamic batching up to 8 rows with a queue delay of `max_delay`.
+fn delayed(max_delay: Duration) -> BatchPolicy {
+    BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay, adaptive: false }
+}
+
 fn request(v: i32) -> ValidatedRequest {
     let data: Vec<u8> = [v, v + 1].iter().flat_map(|x| x.to_le_bytes()).collect();
     ValidatedRequest {
@@ -79,13 +84,7 @@ fn values(t: &Tensor) -> Vec<i32> {
 
 #[tokio::test]
 async fn batches_concurrent_requests_and_answers_each() {
-    let policy = BatchPolicy {
-        max_batch_size: 8,
-        dynamic: true,
-        preferred: vec![],
-        max_delay: Duration::from_millis(50),
-        adaptive: false,
-    };
+    let policy = delayed(Duration::from_millis(50));
     let (s, stats) = scheduler(policy, 1, Duration::from_millis(20));
     let replies: Vec<_> = (0..16).map(|v| s.submit(request(v)).ok().unwrap()).collect();
     for (v, reply) in replies.into_iter().enumerate() {
@@ -115,13 +114,7 @@ async fn without_dynamic_batching_requests_run_alone() {
 
 #[tokio::test]
 async fn stop_drains_the_queue_then_refuses() {
-    let policy = BatchPolicy {
-        max_batch_size: 8,
-        dynamic: true,
-        preferred: vec![],
-        max_delay: Duration::from_secs(60),
-        adaptive: false,
-    };
+    let policy = delayed(Duration::from_secs(60));
     let (s, _) = scheduler(policy, 1, Duration::ZERO);
     let reply = s.submit(request(1)).ok().unwrap();
     s.stop();
@@ -132,13 +125,7 @@ async fn stop_drains_the_queue_then_refuses() {
 
 #[tokio::test]
 async fn abandoned_requests_cost_no_compute() {
-    let policy = BatchPolicy {
-        max_batch_size: 8,
-        dynamic: true,
-        preferred: vec![],
-        max_delay: Duration::from_millis(30),
-        adaptive: false,
-    };
+    let policy = delayed(Duration::from_millis(30));
     let (s, stats) = scheduler(policy, 1, Duration::ZERO);
     drop(s.submit(request(1)).ok().unwrap());
     let kept = s.submit(request(2)).ok().unwrap();
@@ -292,13 +279,7 @@ async fn the_reaper_ends_with_its_version_even_with_requests_queued_without_dead
 async fn gpu_memory_passes_through_the_host_for_a_host_instance() {
     use crate::device::{DeviceMemory, HostMemory};
     let memory = HostMemory::new(0, vec![0u8; 64]);
-    let policy = BatchPolicy {
-        max_batch_size: 8,
-        dynamic: true,
-        preferred: vec![],
-        max_delay: Duration::from_millis(50),
-        adaptive: false,
-    };
+    let policy = delayed(Duration::from_millis(50));
     let (s, _) = scheduler(policy, 1, Duration::ZERO);
     let replies: Vec<_> = (0..3)
         .map(|v| {
@@ -454,13 +435,7 @@ fn a_slow_model_stays_on_its_instance_threads() {
 
 #[test]
 fn a_lone_request_under_a_queue_delay_waits_on_the_instance_thread() {
-    let policy = BatchPolicy {
-        max_batch_size: 8,
-        dynamic: true,
-        preferred: vec![],
-        max_delay: Duration::from_millis(5),
-        adaptive: false,
-    };
+    let policy = delayed(Duration::from_millis(5));
     let (s, stats, threads) = anywhere(policy, 1, Duration::ZERO);
     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     for v in 0..3 {
@@ -474,7 +449,7 @@ fn a_lone_request_under_a_queue_delay_waits_on_the_instance_thread() {
 #[test]
 fn a_lone_request_under_a_short_queue_delay_waits_on_the_callers_thread() {
     let delay = Duration::from_micros(200);
-    let policy = BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: delay, adaptive: false };
+    let policy = delayed(delay);
     let (s, stats, threads) = anywhere(policy, 1, Duration::ZERO);
     let ran = lone_requests_until_one_runs_here(&s, &threads, delay);
     let here = std::thread::current().id();
@@ -599,16 +574,7 @@ fn a_caller_whose_request_expires_stops_waiting_for_the_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn callers_and_instance_threads_share_the_instances_without_losing_a_request() {
-    for batching in [
-        BatchPolicy::new(8, None),
-        BatchPolicy {
-            max_batch_size: 8,
-            dynamic: true,
-            preferred: vec![],
-            max_delay: Duration::from_micros(50),
-            adaptive: false,
-        },
-    ] {
+    for batching in [BatchPolicy::new(8, None), delayed(Duration::from_micros(50))] {
         let (s, stats, threads) = anywhere(batching, 2, Duration::ZERO);
         let s = Arc::new(s);
         let tasks: Vec<_> = (0..16)
@@ -645,7 +611,7 @@ fn rows(v: i32, n: usize) -> ValidatedRequest {
 }
 
 fn a_minute_of_delay(adaptive: bool) -> BatchPolicy {
-    BatchPolicy { max_batch_size: 8, dynamic: true, preferred: vec![], max_delay: Duration::from_secs(60), adaptive }
+    delayed(Duration::from_secs(60)).adaptive(adaptive)
 }
 
 /// Full batches, one at a time: each finds the version idle, and none waits.
@@ -684,6 +650,9 @@ async fn adaptive_a_request_that_arrives_while_another_is_unanswered_brings_the_
     one_at_a_time(&s, seats::ALONE_RUNS).await;
     // The first runs at once; the second arrives while it runs, and waits for company again.
     let first = s.submit(request(1)).ok().unwrap();
+    while stats.snapshot().executing == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     let mut second = s.submit(request(2)).ok().unwrap();
     first.await.unwrap().unwrap();
     assert!(tokio::time::timeout(Duration::from_millis(300), &mut second).await.is_err(), "it waits for company");
