@@ -534,8 +534,9 @@ output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ -1 ] } ]
             try:
                 # Up to 4 replies wait in the stream, 4 more on their way to the connection.
                 wait_for(lambda: metric(s, "ferry_inflight_request_bytes") >= 4 * size, "the replies are held")
-                # Held replies are bytes, not requests: in flight are the stream and this scrape.
-                assert metric(s, "ferry_inflight_requests") <= 2
+                # Held replies are bytes, not requests: once the stream's requests are answered,
+                # in flight are the stream and this scrape.
+                wait_for(lambda: metric(s, "ferry_inflight_requests") <= 2, "only the stream is in flight")
                 inp = grpcclient.InferInput("INPUT0", list(big.shape), "FP32")
                 inp.set_data_from_numpy(big)
                 with pytest.raises(InferenceServerException) as err:
@@ -596,6 +597,28 @@ def test_a_grpc_stream_whose_client_takes_no_reply_is_ended_after_the_stall_time
                 unread.close()
     finally:
         shm.destroy_shared_memory_region(region)
+
+
+def test_a_grpc_stream_that_ended_is_no_longer_in_flight(tmp_path):
+    """Once a stream's client has sent all it had and read every reply, the stream no longer
+    counts as a request in flight (a stop does not wait for it), long before any stall timeout."""
+    import queue
+    shm_identity_repo(tmp_path, 16)
+    with Server(["--model-repository", str(tmp_path)]) as s:
+        baseline = metric(s, "ferry_inflight_requests")  # the scrape itself
+        client, done = s.grpc_client(), queue.Queue()
+        client.start_stream(callback=lambda result, error: done.put(error))
+        x = np.ones((1, 64), np.float32)
+        inp = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        for i in range(200):
+            client.async_stream_infer("fast", [inp], request_id=str(i))
+        # Ends its side at once: the last replies are still on their way when the server has
+        # answered all (stop_stream returns once the stream has ended).
+        client.stop_stream()
+        assert [done.get(timeout=30) for _ in range(200)] == [None] * 200
+        wait_for(lambda: metric(s, "ferry_inflight_requests") == baseline, "the stream is no longer in flight",
+                 seconds=20)
 
 
 def test_a_shared_memory_input_is_charged_before_it_is_read(tmp_path):

@@ -109,8 +109,9 @@ impl Grpc {
                 }
             }
             // All is answered; the stream ends once tonic has sent what the channel holds. A
-            // client that has sent all it had and reads nothing must not hold that for ever.
-            drop(tx);
+            // client that has sent all it had and reads nothing must not hold that for ever. The
+            // stream's own ticket goes now: it is no longer a request in flight.
+            drop((tx, stream_ticket, inbound, this));
             while outbox.in_channel() {
                 look.tick().await;
                 if outbox.stalled() {
