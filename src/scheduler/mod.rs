@@ -93,8 +93,10 @@ struct Responder {
     ordered: bool,
     held: Mutex<Held>,
     /// Requests queued and not yet answered (counted down before a reply leaves, so a client
-    /// that sends its next request when answered finds its last one counted out).
+    /// that sends its next request when answered finds its last one counted out). Counted only
+    /// with `--adaptive-queue-delay` (`counting`): nothing else reads it.
     open: AtomicUsize,
+    counting: bool,
 }
 
 impl Responder {
@@ -123,6 +125,9 @@ impl Responder {
     /// `n` requests are answered (never below none: a batch that panicked after answering some of
     /// its requests is counted out whole).
     fn answered(&self, n: usize) {
+        if !self.counting {
+            return;
+        }
         let _ = self.open.fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| Some(open.saturating_sub(n)));
     }
 
@@ -442,7 +447,7 @@ impl Scheduler {
         mut limits: Limits,
         linger_max: Duration,
     ) -> Result<Scheduler> {
-        let reaper_needed = policy.queue.has_timeouts();
+        let (reaper_needed, adaptive) = (policy.queue.has_timeouts(), policy.batching.adaptive);
         limits.resize_with(instances.len(), || None);
         let seats = instances
             .iter()
@@ -473,6 +478,7 @@ impl Scheduler {
                 ordered: policy.preserve_ordering,
                 held: Mutex::default(),
                 open: AtomicUsize::new(0),
+                counting: adaptive,
             },
         });
         let mut workers = Vec::with_capacity(count + 1);
@@ -500,10 +506,15 @@ impl Scheduler {
         if q.stopping {
             return Err(Retired(Box::new(req)));
         }
-        q.arriving(self.shared.responder.open.load(Ordering::Acquire) == 0);
+        let responder = &self.shared.responder;
+        if responder.counting {
+            q.arriving(responder.open.load(Ordering::Acquire) == 0);
+        }
         let seq = match q.push(req, tx, Instant::now()) {
             Ok(seq) => {
-                self.shared.responder.open.fetch_add(1, Ordering::AcqRel);
+                if responder.counting {
+                    responder.open.fetch_add(1, Ordering::AcqRel);
+                }
                 seq
             }
             Err((error, tx)) => {
