@@ -646,8 +646,17 @@ async fn without_adaptive_a_lone_request_waits_for_company() {
 
 #[tokio::test]
 async fn adaptive_a_request_that_arrives_while_another_is_unanswered_brings_the_wait_back() {
-    let (s, stats) = scheduler(a_minute_of_delay(true), 1, Duration::from_millis(50));
+    // A run long enough that the second request arrives while the first runs, on a busy machine
+    // too (with 50 ms, the first was answered before the second came 3 times in 8 under load).
+    let (s, stats) = scheduler(a_minute_of_delay(true), 1, Duration::from_millis(200));
     one_at_a_time(&s, seats::ALONE_RUNS).await;
+    // A reply leaves before its batch's statistics are kept: wait for those, or the first's
+    // "executing" below could be the last batch's (then the second came while the first still
+    // queued, and both waited for company: 2 failures in 8 runs under load).
+    let done = || stats.snapshot().batches.get(&8).map(|b| b.compute_infer.count) == Some(u64::from(seats::ALONE_RUNS));
+    while !done() || stats.snapshot().executing != 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     // The first runs at once; the second arrives while it runs, and waits for company again.
     let first = s.submit(request(1)).ok().unwrap();
     while stats.snapshot().executing == 0 {
@@ -655,7 +664,8 @@ async fn adaptive_a_request_that_arrives_while_another_is_unanswered_brings_the_
     }
     let mut second = s.submit(request(2)).ok().unwrap();
     first.await.unwrap().unwrap();
-    assert!(tokio::time::timeout(Duration::from_millis(300), &mut second).await.is_err(), "it waits for company");
+    // Longer than a run: had it not waited, it would be answered by then.
+    assert!(tokio::time::timeout(Duration::from_millis(600), &mut second).await.is_err(), "it waits for company");
     let company: Vec<_> = (10..17).map(|v| s.submit(request(v)).ok().unwrap()).collect();
     assert_eq!(values(&second.await.unwrap().unwrap().outputs[0]), vec![4, 6]);
     for c in company {
