@@ -48,11 +48,15 @@ def start_server(repo, http_port, grpc_port, extra):
            "--http-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
            f"--onnxruntime-library={lib}", *extra]
     log = open(os.path.join(WORK, "server.log"), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    return wait_ready(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), http_port, "ferry", log.name)
+
+
+def wait_ready(proc, http_port, what, log):
+    """`proc` once it answers ready on `http_port`; exits the bench if it ends or takes 2 minutes."""
     deadline = time.time() + 120
     while time.time() < deadline:
         if proc.poll() is not None:
-            sys.exit(f"ferry exited; see {log.name}")
+            sys.exit(f"{what} exited; see {log}")
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2) as r:
                 if r.status == 200:
@@ -61,7 +65,7 @@ def start_server(repo, http_port, grpc_port, extra):
             pass
         time.sleep(0.1)
     proc.kill()
-    sys.exit("ferry did not become ready")
+    sys.exit(f"{what} did not become ready")
 
 
 def input_data(base, model):

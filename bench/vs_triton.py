@@ -22,7 +22,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.request
 
 import cost
 import run
@@ -38,19 +37,8 @@ def start_triton(repo):
                              f"--backend-directory={os.path.join(home, 'backends')}", f"--http-port={http_port}",
                              f"--grpc-port={grpc_port}", f"--metrics-port={run.free_port()}"],
                             stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"tritonserver exited; see {log.name}")
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return {"proc": proc, "http": http_port, "grpc": grpc_port, "base": f"http://127.0.0.1:{http_port}"}
-        except OSError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    sys.exit("tritonserver did not become ready")
+    run.wait_ready(proc, http_port, "tritonserver", log.name)
+    return {"proc": proc, "http": http_port, "grpc": grpc_port, "base": f"http://127.0.0.1:{http_port}"}
 
 
 def resident_mib(pid):
@@ -135,7 +123,7 @@ def main():
             "Runtime backend built from Triton's r24.10 sources (bench/triton.sh); both servers load the same "
             "ONNX Runtime library and the same model repository (the models' own settings: intra-op threads 2, "
             "dynamic batching with Triton's delays). perf_analyzer 2.50, realistic input data, "
-            f"{a.interval_ms / 1000:.0f} s windows; the servers take turns cell by cell, {a.rounds} rounds, "
+            f"{a.interval_ms / 1000:g} s windows; the servers take turns cell by cell, {a.rounds} rounds, "
             "the median of the rounds [their range]. CPU per request: user + system time of every server "
             "thread over the perf_analyzer run, divided by the requests the server counted in it; perf_analyzer's "
             "own CPU (its whole run, measurement trials and warm-up included) over the same count.", "",
