@@ -70,7 +70,7 @@ impl Listen {
     ) -> JoinHandle<Result<(), String>> {
         let l = &self.limits;
         let (inference, health) = grpc::services(engine, l, forward);
-        let incoming = net::grpc_incoming(listener, l, Arc::clone(&self.admission), self.stop.clone());
+        let incoming = net::grpc_incoming(listener, l, self.stop.clone());
         let mut stop = self.stop.clone();
         let mut builder = tonic::transport::Server::builder();
         if let Some(tls) = &self.grpc_tls {

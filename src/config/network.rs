@@ -36,9 +36,7 @@ pub(super) struct NetworkArgs {
     #[arg(long, env = "FERRY_GRPC_STREAM_MAX_INFLIGHT", default_value_t = 128)]
     grpc_stream_max_inflight: usize,
     /// Seconds a ModelStreamInfer stream's replies may wait for a client that takes none of them;
-    /// then the stream ends with RESOURCE_EXHAUSTED and its waiting replies are dropped. A gRPC
-    /// connection whose socket writes none of the replies HTTP/2 holds for it this long (longer
-    /// by their size at 64 KiB/s) is closed.
+    /// then the stream ends with RESOURCE_EXHAUSTED and its waiting replies are dropped.
     #[arg(long, env = "FERRY_GRPC_STREAM_STALL_TIMEOUT_SECS", default_value_t = 60)]
     grpc_stream_stall_timeout_secs: u64,
     /// Bytes of requests in flight, server-wide; a request past it gets 503 + Retry-After (HTTP)

@@ -1,7 +1,6 @@
 //! What every request body passes through on its way in: the admission ticket grows with each
 //! frame (so a request is refused before its bytes pile up, not after), and an HTTP body must
 //! arrive before its deadline. The same guard serves HTTP (axum) and gRPC (tonic, as a layer).
-use super::unsent::Charged;
 use std::{
     pin::Pin,
     sync::Arc,
@@ -128,16 +127,14 @@ fn grpc_error(e: Error) -> BoxError {
 
 type GrpcRequest = http::Request<tonic::body::Body>;
 
-type GrpcResponse = http::Response<tonic::body::Body>;
-
 impl<S> tower::Service<GrpcRequest> for Admit<S>
 where
-    S: tower::Service<GrpcRequest, Response = GrpcResponse> + Clone + Send + 'static,
+    S: tower::Service<GrpcRequest> + Clone + Send + 'static,
     S::Future: Send + 'static,
 {
-    type Response = GrpcResponse;
+    type Response = S::Response;
     type Error = S::Error;
-    type Future = Pin<Box<dyn Future<Output = Result<GrpcResponse, S::Error>> + Send>>;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -146,8 +143,6 @@ where
     fn call(&mut self, req: GrpcRequest) -> Self::Future {
         let ticket = Arc::new(self.admission.ticket());
         let (mut parts, body) = req.into_parts();
-        // The response's bytes stay charged, to the connection, until the socket takes them.
-        let unsent = super::net::Link::unsent(&parts.extensions);
         parts.extensions.insert(RequestTicket(Arc::clone(&ticket)));
         let body = tonic::body::Body::new(GuardedBody::new(body, Arc::clone(&ticket), None, grpc_error));
         // The service that was polled ready takes the request; a fresh clone waits for the next.
@@ -157,10 +152,7 @@ where
         Box::pin(async move {
             let r = fut.await;
             drop(ticket);
-            match unsent {
-                Some(unsent) => r.map(|resp| resp.map(|b| tonic::body::Body::new(Charged::new(b, unsent)))),
-                None => r,
-            }
+            r
         })
     }
 }

@@ -15,7 +15,6 @@ pub mod platform;
 pub mod restrict;
 pub mod sagemaker;
 pub mod tls;
-pub mod unsent;
 pub mod vertex;
 pub mod wakes;
 

@@ -23,7 +23,6 @@ use tokio::{
 use tower::ServiceExt;
 
 use super::guard::{GuardedBody, RequestTicket};
-use super::unsent::Unsent;
 use super::wakes::SelfWakesKept;
 use crate::admission::Admission;
 
@@ -99,34 +98,15 @@ impl Activity {
     }
 }
 
-/// A connection's socket: reports reads to the watchdog, and holds the connection's slot. A gRPC
-/// connection's also gives back its replies' charges as it writes them, and fails once they
-/// stalled (`Unsent`).
+/// A connection's socket: reports reads to the watchdog, and holds the connection's slot.
 pub struct Watched<T> {
     io: T,
     activity: Arc<Activity>,
     _slot: OwnedSemaphorePermit,
-    unsent: Option<Arc<Unsent>>,
-}
-
-impl<T> Watched<T> {
-    /// Whether the connection was closed for a stall (its reader is woken if that comes later).
-    fn closed(&self, cx: &Context<'_>) -> bool {
-        self.unsent.as_ref().is_some_and(|u| u.closed(cx))
-    }
-
-    fn wrote(&self, r: &Poll<io::Result<usize>>) {
-        if let (Some(u), Poll::Ready(Ok(n))) = (&self.unsent, r) {
-            u.wrote(*n);
-        }
-    }
 }
 
 impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        if self.closed(cx) {
-            return Poll::Ready(Err(Unsent::closed_error()));
-        }
         let before = buf.filled().len();
         let r = Pin::new(&mut self.io).poll_read(cx, buf);
         if buf.filled().len() > before {
@@ -138,12 +118,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
 
 impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
-        if self.closed(cx) {
-            return Poll::Ready(Err(Unsent::closed_error()));
-        }
-        let r = Pin::new(&mut self.io).poll_write(cx, buf);
-        self.wrote(&r);
-        r
+        Pin::new(&mut self.io).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         Pin::new(&mut self.io).poll_flush(cx)
@@ -156,41 +131,17 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if self.closed(cx) {
-            return Poll::Ready(Err(Unsent::closed_error()));
-        }
-        let r = Pin::new(&mut self.io).poll_write_vectored(cx, bufs);
-        self.wrote(&r);
-        r
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
     }
     fn is_write_vectored(&self) -> bool {
         self.io.is_write_vectored()
     }
 }
 
-/// What a gRPC request learns of its connection (in its extensions, inside tonic's
-/// `TlsConnectInfo` over TLS).
-#[derive(Clone)]
-pub struct Link {
-    pub tcp: tonic::transport::server::TcpConnectInfo,
-    /// Where its responses' bytes are charged until written.
-    pub unsent: Option<Arc<Unsent>>,
-}
-
-impl Link {
-    /// The connection's `Unsent`, from a request's extensions.
-    pub fn unsent(extensions: &http::Extensions) -> Option<Arc<Unsent>> {
-        let link = extensions
-            .get::<Link>()
-            .or_else(|| extensions.get::<tonic::transport::server::TlsConnectInfo<Link>>().map(|t| t.get_ref()));
-        link.and_then(|l| l.unsent.clone())
-    }
-}
-
 impl tonic::transport::server::Connected for Watched<TcpStream> {
-    type ConnectInfo = Link;
-    fn connect_info(&self) -> Link {
-        Link { tcp: self.io.connect_info(), unsent: self.unsent.clone() }
+    type ConnectInfo = <TcpStream as tonic::transport::server::Connected>::ConnectInfo;
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.io.connect_info()
     }
 }
 
@@ -263,7 +214,7 @@ pub async fn serve_http(
         conns.spawn(SelfWakesKept::new(async move {
             let activity = Arc::new(Activity::default());
             activity.last.store(now_ms(), Ordering::Relaxed);
-            let io = Watched { io: tcp, activity: Arc::clone(&activity), _slot: slot, unsent: None };
+            let io = Watched { io: tcp, activity: Arc::clone(&activity), _slot: slot };
             match tls {
                 None => conn.serve(io, activity).await,
                 Some(tls) => match tokio::time::timeout(conn.limits.header_timeout, tls.accept(io)).await {
@@ -346,22 +297,16 @@ impl Conn {
 pub fn grpc_incoming(
     listener: TcpListener,
     limits: &Network,
-    admission: Arc<Admission>,
     stop: watch::Receiver<bool>,
 ) -> impl futures_util::Stream<Item = io::Result<Watched<TcpStream>>> + Send + 'static {
     let acceptor = Acceptor::new(listener, limits, "gRPC");
-    let stall = limits.grpc_stream_stall_timeout;
-    futures_util::stream::unfold((acceptor, stop), move |(mut acceptor, mut stop)| {
-        let admission = Arc::clone(&admission);
-        async move {
-            tokio::select! {
-                (tcp, slot) = acceptor.next() => {
-                    let unsent = Some(Unsent::new(&admission, stall));
-                    let io = Watched { io: tcp, activity: Arc::default(), _slot: slot, unsent };
-                    Some((Ok(io), (acceptor, stop)))
-                }
-                () = stopped(&mut stop) => None,
+    futures_util::stream::unfold((acceptor, stop), |(mut acceptor, mut stop)| async move {
+        tokio::select! {
+            (tcp, slot) = acceptor.next() => {
+                let io = Watched { io: tcp, activity: Arc::default(), _slot: slot };
+                Some((Ok(io), (acceptor, stop)))
             }
+            () = stopped(&mut stop) => None,
         }
     })
 }

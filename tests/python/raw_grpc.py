@@ -42,11 +42,11 @@ def call(port, method, message, headers=(), timeout=30):
     raise ConnectionError("the server closed the connection before the call ended")
 
 
-def unread_stream(port, messages, window=1, end=False, method="ModelStreamInfer"):
-    """Opens a `method` call (a `ModelStreamInfer` stream by default), sends `messages`
-    (serialized requests, up to 64 KiB in all: the server's first window) on it (`end`: then ends
-    its side of the stream) and never reads a reply: a window of `window` bytes keeps the server
-    from sending more. Returns the socket; the stream lives until it closes."""
+def unread_stream(port, messages, window=1, end=False):
+    """Opens a `ModelStreamInfer` stream, sends `messages` (serialized requests, up to 64 KiB in
+    all: the server's first window) on it (`end`: then ends its side of the stream) and never
+    reads a reply: a window of `window` bytes keeps the server from sending more. Returns the
+    socket; the stream lives until it closes."""
     sock = socket.create_connection(("127.0.0.1", port))
     conn = h2.connection.H2Connection(config=h2.config.H2Configuration(client_side=True))
     conn.local_settings = h2.settings.Settings(client=True, initial_values={
@@ -54,7 +54,7 @@ def unread_stream(port, messages, window=1, end=False, method="ModelStreamInfer"
     conn.initiate_connection()
     stream = conn.get_next_available_stream_id()
     conn.send_headers(stream, [(":method", "POST"), (":scheme", "http"),
-                               (":path", f"/inference.GRPCInferenceService/{method}"),
+                               (":path", "/inference.GRPCInferenceService/ModelStreamInfer"),
                                (":authority", f"127.0.0.1:{port}"), ("content-type", "application/grpc"),
                                ("te", "trailers")])
     framed = b"".join(b"\x00" + struct.pack(">I", len(m)) + m for m in messages)

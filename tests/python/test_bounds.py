@@ -599,44 +599,6 @@ def test_a_grpc_stream_whose_client_takes_no_reply_is_ended_after_the_stall_time
         shm.destroy_shared_memory_region(region)
 
 
-@pytest.mark.parametrize("method", ["ModelStreamInfer", "ModelInfer"])
-def test_a_reply_http2_holds_for_a_client_that_never_reads_is_charged_and_its_connection_closed(tmp_path, method):
-    """A reply tonic has handed to HTTP/2 (the client's window has a byte free, so hyper hands it
-    all) stays charged until the socket takes it; a connection that takes none of it for the
-    stall timeout (longer by the time its bytes take at 64 KiB/s) is closed and the charge given
-    back, while the client is still connected. Streams and unary calls alike."""
-    import tritonclient.utils.shared_memory as shm
-    size = 64 << 10
-    message = shm_identity_repo(tmp_path, size)
-    key = f"/ferry_unsent_{os.getpid()}"
-    region = shm.create_shared_memory_region("in", key, size)
-    try:
-        with Server(["--model-repository", str(tmp_path), "--allow-client-shm",
-                     "--grpc-stream-stall-timeout-secs", "1"]) as s:
-            s.grpc_client().register_system_shared_memory("in", key, size)
-            unread = raw_grpc.unread_stream(s.grpc_port, [message], end=True, method=method)
-            try:
-                wait_for(lambda: metric(s, "ferry_inflight_request_bytes") >= size, "the reply is held, charged")
-                wait_for(lambda: metric(s, "ferry_inflight_request_bytes") == 0, "the connection is closed",
-                         seconds=30)
-                s.wait_log("closing a gRPC connection whose client read none")
-                unread.settimeout(10)
-                try:
-                    while unread.recv(65536):  # what the server had sent, then its close
-                        pass
-                except ConnectionResetError:
-                    pass
-                x = np.ones((1, 8), np.float32)
-                inp = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
-                inp.set_data_from_numpy(x)
-                np.testing.assert_array_equal(s.grpc_client().infer("fast", [inp]).as_numpy("OUTPUT0"), x)
-                assert metric(s, "ferry_inflight_request_bytes") == 0
-            finally:
-                unread.close()
-    finally:
-        shm.destroy_shared_memory_region(region)
-
-
 def test_a_grpc_stream_that_ended_is_no_longer_in_flight(tmp_path):
     """Once a stream's client has sent all it had and read every reply, the stream no longer
     counts as a request in flight (a stop does not wait for it), long before any stall timeout."""
