@@ -32,10 +32,8 @@ def sweep(repo, models, protocols, concurrencies, extra, interval_ms):
                 for c in concurrencies:
                     if model == "cnn_small" and c > 1:
                         continue  # compute-bound: c16 batches the same either way, and takes long
-                    before = run.stats(base, model)
-                    r = run.perf(model, url, protocol, c, data, interval_ms)
-                    after = run.stats(base, model)
-                    out[(model, protocol, c)] = (r, (after[0] - before[0]) / max(after[1] - before[1], 1))
+                    r = run.perf_batched(base, model, url, protocol, c, data, interval_ms)
+                    out[(model, protocol, c)] = (r, r["batch"])
     finally:
         proc.terminate()
         proc.wait()

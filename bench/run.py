@@ -118,6 +118,17 @@ def perf(model, url, protocol, concurrency, data, interval_ms, extra=()):
     }
 
 
+def perf_batched(base, model, url, protocol, concurrency, data, interval_ms):
+    """`perf`'s figures, plus the requests the server counted over the run ("count") and the
+    average batch it formed ("batch"), from its statistics before and after."""
+    before = stats(base, model)
+    r = perf(model, url, protocol, concurrency, data, interval_ms)
+    after = stats(base, model)
+    r["count"] = after[0] - before[0]
+    r["batch"] = r["count"] / max(after[1] - before[1], 1)
+    return r
+
+
 def time_calls(call, rows, seconds=3.0, warm=3):
     """`call()` repeated for `seconds` after `warm` untimed calls, each computing `rows` rows:
     rows per second, and the p50 of one call in ms."""
@@ -142,10 +153,8 @@ def grpc_sweep(repo, names, interval_ms, extra=(), concurrencies=(1, 16)):
         for name in names:
             data = input_data(base, name)
             for c in concurrencies:
-                before = stats(base, name)
-                r = perf(name, f"127.0.0.1:{grpc_port}", "grpc", c, data, interval_ms)
-                after = stats(base, name)
-                rows.append((name, c, r, (after[0] - before[0]) / max(after[1] - before[1], 1)))
+                r = perf_batched(base, name, f"127.0.0.1:{grpc_port}", "grpc", c, data, interval_ms)
+                rows.append((name, c, r, r["batch"]))
     finally:
         proc.terminate()
         proc.wait()
@@ -194,11 +203,7 @@ def main():
             for protocol in a.protocols.split(","):
                 url = f"127.0.0.1:{http_port if protocol == 'http' else grpc_port}"
                 for c in [int(x) for x in a.concurrency.split(",")]:
-                    before = stats(base, model)
-                    r = perf(model, url, protocol, c, data, a.interval_ms)
-                    after = stats(base, model)
-                    execs = max(1, after[1] - before[1])
-                    r["batch"] = (after[0] - before[0]) / execs
+                    r = perf_batched(base, model, url, protocol, c, data, a.interval_ms)
                     rows.append((model, protocol, c, r))
                     print(f"{model:16} {protocol:5} c{c:<3} {r['throughput']:9.0f} infer/s  p50 {r['p50']:.2f} ms  batch {r['batch']:.1f}", flush=True)
     finally:

@@ -50,12 +50,10 @@ def loaded(srv, model, protocol, c, data, interval_ms):
     """perf_analyzer's figures, the batch formed, and the CPU µs per request under load of the server
     and of perf_analyzer itself (which shares the cores)."""
     pid, url = srv["proc"].pid, f"127.0.0.1:{srv['http' if protocol == 'http' else 'grpc']}"
-    before, cpu, client = run.stats(srv["base"], model), cost.cpu_seconds(pid), children_cpu()
-    r = run.perf(model, url, protocol, c, data, interval_ms)
-    after, cpu, client = run.stats(srv["base"], model), cost.cpu_seconds(pid) - cpu, children_cpu() - client
-    n = after[0] - before[0]
-    return {**r, "batch": n / max(after[1] - before[1], 1), "cpu_us": cpu * 1e6 / max(n, 1),
-            "client_us": client * 1e6 / max(n, 1)}
+    cpu, client = cost.cpu_seconds(pid), children_cpu()
+    r = run.perf_batched(srv["base"], model, url, protocol, c, data, interval_ms)
+    cpu, client, n = cost.cpu_seconds(pid) - cpu, children_cpu() - client, max(r["count"], 1)
+    return {**r, "cpu_us": cpu * 1e6 / n, "client_us": client * 1e6 / n}
 
 
 def children_cpu():
